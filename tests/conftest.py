@@ -1,0 +1,131 @@
+"""Fixtures that start real things: redis-server, an S3 API server (moto), storage, the app."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import free_port, wait_for_port
+from wheelhouse.config import Config
+from wheelhouse.storage import LocalStorage, S3Storage, Storage
+
+ARTIFACTS = Path(os.environ.get("WHEELHOUSE_TEST_ARTIFACTS", "test-artifacts")).resolve()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server on a loopback port, private to this test session; yields its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        wait_for_port(port)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+_redis_db_counter = iter(range(1, 16))
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> Iterator[str]:
+    """A flushed Redis database of its own for one test."""
+    import redis
+
+    db = next(_redis_db_counter, None)
+    if db is None:  # more tests than databases: reuse, flushed
+        db = 15
+    url = f"{redis_server}/{db}"
+    conn = redis.Redis.from_url(url)
+    conn.flushdb()
+    yield url
+    conn.flushdb()
+    conn.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """moto's S3 API in server mode over HTTP on loopback; yields its endpoint URL."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+_bucket_counter = iter(range(1_000_000))
+
+
+@pytest.fixture
+def s3_config(s3_server: str, s3_env: dict[str, str]) -> Config:
+    """A Config pointing at a fresh bucket on the loopback S3 server."""
+    from wheelhouse.storage import make_s3_client
+
+    bucket = f"wheels-{next(_bucket_counter)}"
+    config = Config(storage=f"s3://{bucket}/idx", s3_endpoint_url=s3_server)
+    make_s3_client(config).create_bucket(Bucket=bucket)
+    return config
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_config(request: pytest.FixtureRequest, tmp_path: Path) -> Config:
+    """Run a test against both storages."""
+    if request.param == "s3":
+        config: Config = request.getfixturevalue("s3_config")
+        return config
+    return Config(storage=str(tmp_path / "data"))
+
+
+@pytest.fixture
+def local_storage(tmp_path: Path) -> LocalStorage:
+    return LocalStorage(tmp_path / "data")
+
+
+@pytest.fixture
+def s3_storage(s3_config: Config) -> S3Storage:
+    from wheelhouse.storage import open_storage
+
+    storage = open_storage(s3_config)
+    assert isinstance(storage, S3Storage)
+    return storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest) -> Storage:
+    result: Any = request.getfixturevalue(f"{request.param}_storage")
+    return result  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS

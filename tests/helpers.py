@@ -1,0 +1,101 @@
+"""Helpers shared by tests: building real wheels, starting real servers, fresh venvs."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float = 20.0, host: str = "127.0.0.1") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+def make_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    *,
+    tag: str = "py3-none-any",
+    requires: list[str] | None = None,
+    requires_python: str | None = None,
+    metadata_version: str | None = None,
+    module_body: str = "",
+    payload: bytes = b"",
+) -> Path:
+    """Write a small but complete, installable wheel (METADATA, WHEEL, RECORD)."""
+    dist = name.replace("-", "_")
+    filename = f"{dist}-{version}-{tag}.whl"
+    info = f"{dist}-{metadata_version or version}.dist-info"
+    meta = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {metadata_version or version}",
+    ]
+    if requires_python:
+        meta.append(f"Requires-Python: {requires_python}")
+    meta.extend(f"Requires-Dist: {r}" for r in requires or [])
+    files: dict[str, bytes] = {
+        f"{dist}/__init__.py": (module_body or f"VERSION = {version!r}\n").encode(),
+        f"{info}/METADATA": ("\n".join(meta) + "\n\n").encode(),
+        f"{info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: wheelhouse-tests\nRoot-Is-Purelib: true\n"
+            + "".join(f"Tag: {t}\n" for t in [tag])
+        ).encode(),
+    }
+    if payload:
+        files[f"{dist}/payload.bin"] = payload
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow((path, f"sha256={digest}", len(data)))
+    writer.writerow((f"{info}/RECORD", "", ""))
+    files[f"{info}/RECORD"] = record.getvalue().encode()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / filename
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for arc, data in files.items():
+            zf.writestr(arc, data)
+    return path
+
+
+def make_venv(path: Path, python: str | None = None) -> Path:
+    """A fresh virtual environment made by uv; returns its python."""
+    uv = shutil.which("uv")
+    assert uv, "uv is required"
+    subprocess.run([uv, "venv", "-q", "--seed", "--python", python or sys.executable, str(path)],
+                   check=True)
+    return path / "bin" / "python"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without pip/uv settings that would point clients at other indexes."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PIP_", "UV_", "WHEELHOUSE_"))}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["UV_NO_CONFIG"] = "1"
+    env.update(extra)
+    return env

@@ -1,0 +1,219 @@
+"""The catalog: what is published, grouped for O(page) look-ups, cached in memory.
+
+Storage layout (every key below the storage root):
+
+- ``wheels/<base variant>/<project>/<file>``           the wheel
+- ``wheels/<base variant>/<project>/<file>.metadata``  its METADATA (PEP 658)
+- ``records/<base variant>/<project>/<file>.json``     the record; written last, so it *is*
+  the publication: only files with a record are listed
+- ``generation``                                       changes on every publication
+
+Each server process keeps the catalog in memory and re-reads ``generation`` at most every
+``catalog_refresh_seconds``; when it changed, only records it hasn't seen yet are fetched.
+So every gunicorn worker converges on the same catalog without talking to the others.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from packaging.utils import NormalizedName, canonicalize_name
+from packaging.version import Version
+
+from wheelhouse.storage import Storage
+from wheelhouse.variants import Variant, parse_variant
+from wheelhouse.wheels import parse_name
+
+GENERATION_KEY = "generation"
+RECORDS = "records/"
+WHEELS = "wheels/"
+
+
+def wheel_key(base: Variant, project: str, filename: str) -> str:
+    return f"{WHEELS}{base.key}/{project}/{filename}"
+
+
+def record_key(base: Variant, project: str, filename: str) -> str:
+    return f"{RECORDS}{base.key}/{project}/{filename}.json"
+
+
+@dataclass(frozen=True)
+class Record:
+    """What publishing a wheel promises about it; serialized as the ``.json`` record."""
+
+    filename: str
+    project: NormalizedName
+    version: str
+    variant: str
+    archs: tuple[str, ...] | None
+    sha256: str
+    size: int
+    metadata_sha256: str
+    requires_python: str | None
+    upload_time: str
+    yanked: bool | str = False
+    build: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def variant_obj(self) -> Variant:
+        return parse_variant(self.variant)
+
+    @property
+    def wheel_key(self) -> str:
+        return wheel_key(self.variant_obj.base, self.project, self.filename)
+
+    @property
+    def metadata_key(self) -> str:
+        return self.wheel_key + ".metadata"
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["archs"] = None if self.archs is None else list(self.archs)
+        return json.dumps(data, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Record:
+        data = json.loads(raw)
+        archs = data.get("archs")
+        data["archs"] = None if archs is None else tuple(archs)
+        data["project"] = canonicalize_name(data["project"])
+        return cls(**data)
+
+
+def _dedupe_key(r: Record) -> tuple[str, frozenset[Any]]:
+    name = parse_name(r.filename)
+    return (name.version.public, name.tags)
+
+
+def _arch_rank(record: Record, wanted: tuple[str, ...]) -> int | None:
+    """0 for a wheel built for exactly ``wanted``, 1 for a fat wheel that holds them, else None."""
+    if record.archs is None:
+        return 2  # built with the recipe's default set; assumed to hold every default arch
+    have = set(record.archs)
+    if have == set(wanted):
+        return 0
+    if have.issuperset(wanted):
+        return 1
+    return None
+
+
+class Catalog:
+    """In-memory view of storage's published records; thread-safe, refreshed lazily."""
+
+    def __init__(self, storage: Storage, refresh_seconds: float = 1.0) -> None:
+        self.storage = storage
+        self.refresh_seconds = refresh_seconds
+        self._lock = threading.Lock()
+        self._checked = 0.0
+        self._generation: str | None = None
+        self._keys: set[str] = set()
+        # base variant key -> project -> records (all archs)
+        self._by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
+        self._variants: frozenset[str] = frozenset()
+
+    @property
+    def generation(self) -> str:
+        self.maybe_refresh()
+        return self._generation or "empty"
+
+    def maybe_refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self.refresh_seconds:
+            return
+        with self._lock:
+            if now - self._checked < self.refresh_seconds:
+                return
+            self._checked = now
+            try:
+                gen = self.storage.get_bytes(GENERATION_KEY).decode()
+            except FileNotFoundError:
+                gen = "empty"
+            if gen != self._generation:
+                self._reload()
+                self._generation = gen
+
+    def refresh(self) -> None:
+        """Re-read now, whatever the clock says."""
+        self._checked = 0.0
+        self.maybe_refresh()
+
+    def _reload(self) -> None:
+        keys = {o.key for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
+        new = keys - self._keys
+        gone = self._keys - keys
+        by_base = {b: {p: list(rs) for p, rs in projects.items()}
+                   for b, projects in self._by_base.items()}
+        if gone:
+            for projects in by_base.values():
+                for p, rs in projects.items():
+                    projects[p] = [r for r in rs if record_key(r.variant_obj.base, r.project,
+                                                               r.filename) not in gone]
+        for key in sorted(new):
+            try:
+                rec = Record.from_json(self.storage.get_bytes(key))
+            except FileNotFoundError:
+                keys.discard(key)
+                continue
+            base = rec.variant_obj.base.key
+            by_base.setdefault(base, {}).setdefault(rec.project, []).append(rec)
+        for projects in by_base.values():
+            for rs in projects.values():
+                rs.sort(key=lambda r: (Version(r.version), r.filename))
+        self._by_base = {b: {p: rs for p, rs in ps.items() if rs}
+                         for b, ps in by_base.items()}
+        self._variants = frozenset(
+            r.variant for ps in self._by_base.values() for rs in ps.values() for r in rs
+        ) | frozenset(self._by_base)
+        self._keys = keys
+
+    def variants(self) -> list[Variant]:
+        """Every index root that has something to list: base variants and narrowed ones."""
+        self.maybe_refresh()
+        return sorted(parse_variant(k) for k in self._variants)
+
+    def projects(self, variant: Variant) -> list[NormalizedName]:
+        self.maybe_refresh()
+        projects = self._by_base.get(variant.base.key, {})
+        if not variant.archs:
+            return sorted(p for p, rs in projects.items() if any(r.variant == variant.key
+                                                                   for r in rs))
+        return sorted(p for p in projects if self.files(variant, p))
+
+    def files(self, variant: Variant, project: NormalizedName) -> list[Record]:
+        """The files an index root lists for a project: O(files of that project)."""
+        self.maybe_refresh()
+        records = self._by_base.get(variant.base.key, {}).get(project, [])
+        if not variant.archs:
+            return [r for r in records if r.variant == variant.key]
+        best: dict[tuple[str, frozenset[Any]], tuple[int, Record]] = {}
+        for r in records:
+            rank = _arch_rank(r, variant.archs)
+            if rank is None:
+                continue
+            k = _dedupe_key(r)
+            if k not in best or rank < best[k][0]:
+                best[k] = (rank, r)
+        return sorted((r for _, r in best.values()),
+                      key=lambda r: (Version(r.version), r.filename))
+
+    def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
+        self.maybe_refresh()
+        for r in self._by_base.get(base.key, {}).get(project, []):
+            if r.filename == filename:
+                return r
+        return None
+
+    def all_records(self) -> Iterable[Record]:
+        self.maybe_refresh()
+        for projects in self._by_base.values():
+            for rs in projects.values():
+                yield from rs
+
+    def __len__(self) -> int:
+        self.maybe_refresh()
+        return len(self._keys)

@@ -1,0 +1,138 @@
+"""One configuration object for web, worker and CLI.
+
+Defaults are defined once here; each can be overridden from the environment as
+``WHEELHOUSE_<FIELD>`` (upper case), and then by explicit overrides (tests, CLI flags).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
+
+ENV_PREFIX = "WHEELHOUSE_"
+
+DEFAULT_UPSTREAM = "https://pypi.org/simple/"
+DEFAULT_UPSTREAM_RULES = (
+    "torch,torchvision,torchaudio,triton,pytorch-triton,nvidia-*"
+    "=https://download.pytorch.org/whl/{cu}/"
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """All tunables. Field docstrings are the documentation the README table mirrors."""
+
+    storage: str = "./wheelhouse-data"
+    """Where wheels live: a directory, or ``s3://bucket/prefix``."""
+
+    s3_endpoint_url: str | None = None
+    """S3 endpoint for MinIO and other S3-compatible servers; AWS when unset."""
+
+    s3_file_mode: str = "stream"
+    """How S3-stored files are served: ``stream`` through the index, or ``redirect`` to a presigned URL."""
+
+    presign_seconds: int = 300
+    """Lifetime of presigned URLs when ``s3_file_mode`` is ``redirect``."""
+
+    upstream: str = DEFAULT_UPSTREAM
+    """Default upstream simple index for projects not hosted here, or ``off`` to answer 404."""
+
+    upstream_rules: str = DEFAULT_UPSTREAM_RULES
+    """Per-project routes, ``name,name-*=URL`` joined by ``;``; URLs may use {cu}, {cuda}, {torch}."""
+
+    page_max_age: int = 60
+    """``Cache-Control: max-age`` of index pages, in seconds."""
+
+    catalog_refresh_seconds: float = 1.0
+    """How often each server process checks storage for newly published wheels."""
+
+    redis_url: str | None = None
+    """Redis for the build queue; unset means index-only (or a private Redis for ``serve --with-worker``)."""
+
+    workspace: str = "./wheelhouse-work"
+    """Scratch directory for builds on a worker host."""
+
+    build_timeout: int = 4 * 3600
+    """Default build deadline in seconds, enforced by the worker on the whole process tree."""
+
+    secret_key: str | None = None
+    """Flask secret for sessions and CSRF; generated per process when unset."""
+
+    auth: str | None = None
+    """Optional read protection for the index: ``basic:user:password`` or ``token``."""
+
+    log_json: bool = False
+    """Log one JSON object per line."""
+
+    extra: Mapping[str, str] = field(default_factory=dict)
+    """Settings this version does not know; kept so that callers can inspect them."""
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **overrides: Any
+    ) -> Config:
+        """Defaults, then ``WHEELHOUSE_*`` variables, then ``overrides``."""
+        env = os.environ if environ is None else environ
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _coerce(raw, hints[f.name], f.name)
+        known = {ENV_PREFIX + f.name.upper() for f in fields(cls)}
+        values["extra"] = {
+            k: v for k, v in env.items() if k.startswith(ENV_PREFIX) and k not in known
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Config:
+        return dataclasses.replace(self, **changes)
+
+
+def _coerce(raw: str, hint: Any, name: str) -> Any:
+    text = str(hint)
+    if hint is bool or text == "bool":
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
+    if hint is int or text == "int":
+        return _number(int, raw, name)
+    if hint is float or text == "float":
+        return _number(float, raw, name)
+    if "None" in text and raw.strip() == "":
+        return None
+    return raw
+
+
+def _number(kind: type[int] | type[float], raw: str, name: str) -> int | float:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a number, got {raw!r}") from None
+
+
+def documented_settings() -> list[tuple[str, str, str]]:
+    """(variable, default, description) for every setting, for the README and ``--help``."""
+    import ast
+    import inspect
+
+    source = inspect.getsource(Config)
+    tree = ast.parse(source)
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:], strict=False):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)
+    rows = []
+    for f in fields(Config):
+        if f.name == "extra":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else ""
+        rows.append((ENV_PREFIX + f.name.upper(), "" if default is None else str(default),
+                     docs.get(f.name, "")))
+    return rows

@@ -1,0 +1,39 @@
+"""Domain errors, one module for all of them.
+
+Each subclasses the builtin that fits, so callers that only know Python still catch them;
+``web.errors`` maps them to HTTP responses in one place.
+"""
+
+from __future__ import annotations
+
+
+class WheelhouseError(Exception):
+    """Base of every error wheelhouse raises on purpose."""
+
+
+class InvalidVariant(WheelhouseError, ValueError):
+    """A variant key that does not parse or names unknown values."""
+
+
+class InvalidProjectName(WheelhouseError, ValueError):
+    """A project or file name that is not a valid distribution name."""
+
+
+class InvalidWheel(WheelhouseError, ValueError):
+    """A wheel whose file name or contents cannot be published as they are."""
+
+
+class VersionMismatch(InvalidWheel):
+    """The METADATA version differs from the version in the wheel's file name."""
+
+
+class AlreadyPublished(WheelhouseError, FileExistsError):
+    """A different file was already published under the same name; published files are immutable."""
+
+
+class InvalidBuildSpec(WheelhouseError, ValueError):
+    """A build request that names unknown or malformed values."""
+
+
+class StorageError(WheelhouseError, OSError):
+    """Storage could not be reached or answered unexpectedly."""

@@ -1,0 +1,200 @@
+"""Wheel files: name parsing, METADATA extraction, and relabelling into a variant's local version.
+
+Names, versions and tags go through ``packaging``; nothing here re-implements them.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from email.parser import BytesParser
+from pathlib import Path
+
+from packaging.tags import Tag
+from packaging.utils import (
+    InvalidWheelFilename,
+    NormalizedName,
+    canonicalize_name,
+    parse_wheel_filename,
+)
+from packaging.version import Version
+
+from wheelhouse.errors import InvalidWheel, VersionMismatch
+
+MAX_FILENAME_LENGTH = 255
+_CHUNK = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WheelName:
+    """A parsed wheel file name."""
+
+    filename: str
+    project: NormalizedName
+    version: Version
+    tags: frozenset[Tag]
+
+    @property
+    def dist_name(self) -> str:
+        """The name as it appears in file and ``.dist-info`` names (underscores)."""
+        return self.project.replace("-", "_")
+
+
+def parse_name(filename: str) -> WheelName:
+    """Parse a wheel file name, rejecting anything that is not a plain, valid wheel name."""
+    if (
+        len(filename) > MAX_FILENAME_LENGTH
+        or "/" in filename
+        or "\\" in filename
+        or filename.startswith(".")
+    ):
+        raise InvalidWheel(f"{filename[:80]!r} is not a wheel file name")
+    try:
+        name, version, _build, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename as exc:
+        raise InvalidWheel(f"{filename[:80]!r} is not a valid wheel file name: {exc}") from None
+    return WheelName(filename, name, version, tags)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _dist_info_dir(zf: zipfile.ZipFile) -> str:
+    dirs = {n.split("/", 1)[0] for n in zf.namelist() if n.split("/", 1)[0].endswith(".dist-info")}
+    if len(dirs) != 1:
+        raise InvalidWheel(f"wheel must contain exactly one .dist-info directory, found {len(dirs)}")
+    return dirs.pop()
+
+
+def read_metadata(path: Path) -> bytes:
+    """The wheel's ``.dist-info/METADATA``, byte for byte (what PEP 658 serves)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            return zf.read(f"{_dist_info_dir(zf)}/METADATA")
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise InvalidWheel(f"{path.name}: not a readable wheel ({exc})") from None
+
+
+@dataclass(frozen=True)
+class CoreMetadata:
+    name: str
+    version: Version
+    requires_python: str | None
+
+
+def parse_metadata(data: bytes) -> CoreMetadata:
+    msg = BytesParser().parsebytes(data, headersonly=True)
+    try:
+        return CoreMetadata(
+            name=str(msg["Name"]),
+            version=Version(str(msg["Version"])),
+            requires_python=msg["Requires-Python"],
+        )
+    except Exception as exc:  # packaging raises InvalidVersion; a missing header gives "None"
+        raise InvalidWheel(f"METADATA is malformed: {exc}") from None
+
+
+def check_consistent(path: Path, name: WheelName) -> CoreMetadata:
+    """Refuse a wheel whose METADATA name or version differs from its file name.
+
+    pip rejects such wheels ("inconsistent version"), which is exactly the defect of the
+    upstream flash-attn release wheels that get their label added by ``sed`` after the build.
+    """
+    meta = parse_metadata(read_metadata(path))
+    if canonicalize_name(meta.name) != name.project:
+        raise InvalidWheel(
+            f"{name.filename}: METADATA names project {meta.name!r}, the file name {name.project!r}"
+        )
+    if meta.version != name.version:
+        raise VersionMismatch(
+            f"{name.filename}: METADATA says version {meta.version}, the file name says "
+            f"{name.version}; pip refuses such a wheel. Publish with --relabel to rewrite it."
+        )
+    return meta
+
+
+def with_local_label(version: Version, label: str) -> Version:
+    return Version(f"{version.public}+{label}")
+
+
+def relabel(path: Path, label: str, dest_dir: Path) -> Path:
+    """Rewrite a wheel into ``version.public+label``: file name, .dist-info, METADATA and RECORD.
+
+    The new wheel is written into ``dest_dir``; the source is left untouched.
+    """
+    name = parse_name(path.name)
+    meta = parse_metadata(read_metadata(path))
+    if meta.version.public != name.version.public:
+        raise VersionMismatch(
+            f"{name.filename}: METADATA says {meta.version}, the file name {name.version}; "
+            "their public versions differ, so no label can reconcile them"
+        )
+    new_version = with_local_label(name.version, label)
+    old_prefix = path.name.split("-", 2)[:2]
+    new_filename = "-".join([old_prefix[0], str(new_version)]) + path.name[
+        len("-".join(old_prefix)):
+    ]
+    parse_name(new_filename)
+    dest = dest_dir / new_filename
+    with zipfile.ZipFile(path) as src:
+        old_info = _dist_info_dir(src)
+        new_info = f"{old_prefix[0]}-{new_version}.dist-info"
+        fd, tmp_name = tempfile.mkstemp(dir=dest_dir, suffix=".whl.part")
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            records: list[tuple[str, str, str]] = []
+            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as out:
+                for info in src.infolist():
+                    arcname = info.filename
+                    top, _, rest = arcname.partition("/")
+                    if top == old_info:
+                        if rest == "RECORD":
+                            continue
+                        arcname = f"{new_info}/{rest}"
+                    data = src.read(info)
+                    if arcname == f"{new_info}/METADATA":
+                        data = _set_version(data, new_version)
+                    zi = zipfile.ZipInfo(arcname, date_time=info.date_time)
+                    zi.external_attr = info.external_attr
+                    zi.compress_type = zipfile.ZIP_DEFLATED
+                    out.writestr(zi, data)
+                    if not arcname.endswith("/"):
+                        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+                        records.append(
+                            (arcname, "sha256=" + digest.rstrip(b"=").decode(), str(len(data)))
+                        )
+                buf = io.StringIO()
+                writer = csv.writer(buf, lineterminator="\n")
+                writer.writerows(records)
+                writer.writerow((f"{new_info}/RECORD", "", ""))
+                out.writestr(f"{new_info}/RECORD", buf.getvalue())
+            shutil.move(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _set_version(metadata: bytes, version: Version) -> bytes:
+    lines = metadata.split(b"\n")
+    for i, line in enumerate(lines):
+        if line.startswith(b"Version:"):
+            lines[i] = b"Version: " + str(version).encode()
+            break
+        if line.strip() == b"":
+            break
+    else:
+        raise InvalidWheel("METADATA has no Version header")
+    return b"\n".join(lines)
