@@ -10,6 +10,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -30,6 +31,9 @@ from wheelhouse.errors import InvalidWheel, VersionMismatch
 
 MAX_FILENAME_LENGTH = 255
 _CHUNK = 1024 * 1024
+# What a wheel name can hold: PEP 427 escaped names, PEP 440 versions, and tags. packaging's
+# parser accepts any Unicode word character in names and anything at all in tags.
+_FILENAME = re.compile(r"[A-Za-z0-9._+!-]+")
 
 
 @dataclass(frozen=True)
@@ -54,12 +58,15 @@ def parse_name(filename: str) -> WheelName:
         or "/" in filename
         or "\\" in filename
         or filename.startswith(".")
+        or not _FILENAME.fullmatch(filename)
     ):
         raise InvalidWheel(f"{filename[:80]!r} is not a wheel file name")
     try:
         name, version, _build, tags = parse_wheel_filename(filename)
     except InvalidWheelFilename as exc:
         raise InvalidWheel(f"{filename[:80]!r} is not a valid wheel file name: {exc}") from None
+    if not all(t.interpreter and t.abi and t.platform for t in tags):
+        raise InvalidWheel(f"{filename[:80]!r} has an empty tag")
     return WheelName(filename, name, version, tags)
 
 
