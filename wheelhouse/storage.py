@@ -185,7 +185,7 @@ class LocalStorage(Storage):
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            (self.root / key).unlink()
+            self._path(key).unlink()
 
     def ping(self) -> None:
         if not self.root.exists():
