@@ -156,7 +156,9 @@ class LocalStorage(Storage):
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        base = self.root / prefix.rstrip("/") if prefix else self.root
+        # A key prefix, as S3 has it: "records/" lists a folder, "records/a" also "records/ab".
+        directory = prefix.rpartition("/")[0]
+        base = self._path(directory) if directory else self.root
         if not base.is_dir():
             return
         for dirpath, _dirs, files in os.walk(base):
@@ -165,6 +167,8 @@ class LocalStorage(Storage):
                     continue
                 full = Path(dirpath) / name
                 key = full.relative_to(self.root).as_posix()
+                if not key.startswith(prefix):
+                    continue
                 try:
                     st = full.stat()
                 except FileNotFoundError:
