@@ -236,11 +236,18 @@ class S3Storage(Storage):
         return obj["Body"].read()
 
     def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
+        from botocore.exceptions import ClientError
+
         if stop <= start:
             return
-        obj = self.client.get_object(
-            Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{stop - 1}"
-        )
+        try:
+            obj = self.client.get_object(
+                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{stop - 1}"
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise FileNotFoundError(key) from None
+            raise
         body = obj["Body"]
         try:
             yield from body.iter_chunks(_CHUNK)
