@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat as _stat
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -138,10 +139,17 @@ class LocalStorage(Storage):
                 os.unlink(tmp)
 
     def get_bytes(self, key: str) -> bytes:
-        return self._path(key).read_bytes()
+        try:
+            return self._path(key).read_bytes()
+        except IsADirectoryError:
+            raise FileNotFoundError(key) from None
 
     def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
-        with self._path(key).open("rb") as f:
+        try:
+            f = self._path(key).open("rb")
+        except IsADirectoryError:
+            raise FileNotFoundError(key) from None
+        with f:
             f.seek(start)
             left = stop - start
             while left > 0:
@@ -153,6 +161,9 @@ class LocalStorage(Storage):
 
     def stat(self, key: str) -> ObjectInfo:
         st = self._path(key).stat()
+        if not _stat.S_ISREG(st.st_mode):
+            # A folder is an object on neither backend; S3 answers 404 for "wheels".
+            raise FileNotFoundError(key)
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
