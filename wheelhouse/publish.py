@@ -20,6 +20,7 @@ from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
 from wheelhouse.wheels import (
     check_consistent,
+    parse_metadata,
     parse_name,
     read_metadata,
     relabel,
@@ -44,7 +45,12 @@ def publish(
     """
     name = parse_name(path.name)
     with tempfile.TemporaryDirectory(prefix="wheelhouse-publish-") as tmp:
-        if relabel_wheel and name.version.local != variant.local_label:
+        if relabel_wheel and (
+            name.version.local != variant.local_label
+            # A file name that already carries the label over a METADATA that does not (the
+            # upstream flash-attn defect, once renamed) needs relabelling just as much.
+            or parse_metadata(read_metadata(path)).version != name.version
+        ):
             path = relabel(path, variant.local_label, Path(tmp))
             name = parse_name(path.name)
         meta = check_consistent(path, name)
