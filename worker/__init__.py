@@ -1,0 +1,1 @@
+"""The build fleet: RQ jobs that build wheels under supervision."""

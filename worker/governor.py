@@ -1,0 +1,164 @@
+"""Keep a build from driving the host out of memory: pause the youngest compiles, resume later.
+
+A compile job is a process group that ninja started inside the build: a process of the build
+whose pgid equals its pid and differs from the build's own group. SIGSTOP doesn't free memory,
+but it stops a job from growing further while older jobs finish and release theirs. The last
+running job is never paused, so a build cannot deadlock; a paused build still obeys its deadline
+(the kill path sends SIGCONT after SIGTERM).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from dataclasses import dataclass
+
+import psutil
+
+from worker.reaper import BuildProcess
+
+
+@dataclass
+class _Job:
+    pgid: int
+    started: float
+    peak: int = 0
+    rss: int = 0
+    paused: bool = False
+    alive: bool = True
+
+
+class MemoryGovernor:
+    """Watches available memory and the tree's RSS; pauses/resumes compile jobs.
+
+    ``budget_bytes`` replaces the host's available memory by an artificial budget (tests and the
+    bench): then "available" is the budget minus the tree's RSS. Call ``tick`` about twice a
+    second (``BuildProcess.wait(on_tick=governor.tick)``).
+    """
+
+    def __init__(
+        self, build: BuildProcess, *, budget_bytes: int | None = None,
+        low_watermark: int, high_watermark: int,
+    ) -> None:
+        if high_watermark < low_watermark:
+            raise ValueError("high_watermark must be >= low_watermark")
+        self.build = build
+        self.budget_bytes = budget_bytes
+        self.low_watermark = low_watermark
+        self.high_watermark = high_watermark
+        self.pauses = 0
+        self.resumes = 0
+        self.peak_tree_rss = 0
+        self.min_available: int | None = None
+        """Lowest available memory seen (bytes); with a budget, negative means it was exceeded."""
+        self._jobs: dict[tuple[int, float], _Job] = {}
+
+    @property
+    def job_peaks(self) -> list[int]:
+        """Peak RSS of each compile job seen so far, in start order (bytes)."""
+        return [job.peak for job in sorted(self._jobs.values(), key=lambda j: j.started)]
+
+    @property
+    def paused_jobs(self) -> int:
+        return sum(1 for job in self._jobs.values() if job.paused and job.alive)
+
+    def available(self, tree_rss: int) -> int:
+        if self.budget_bytes is not None:
+            return self.budget_bytes - tree_rss
+        return int(psutil.virtual_memory().available)
+
+    def tick(self) -> None:
+        """Measure once, then pause or resume at most one job."""
+        build_pgid = self.build.pid
+        tree_rss = 0
+        group_rss: dict[int, int] = {}
+        leaders: dict[int, float] = {}
+        for proc in self.build.processes():
+            try:
+                with proc.oneshot():
+                    rss = proc.memory_info().rss
+                    pgid = os.getpgid(proc.pid)
+                    ctime = proc.create_time()
+            except (psutil.Error, OSError):
+                continue
+            tree_rss += rss
+            if pgid != build_pgid:
+                group_rss[pgid] = group_rss.get(pgid, 0) + rss
+                if pgid == proc.pid:
+                    leaders[pgid] = ctime
+        self.peak_tree_rss = max(self.peak_tree_rss, tree_rss)
+
+        live_keys = set()
+        for pgid, started in leaders.items():
+            key = (pgid, started)
+            live_keys.add(key)
+            job = self._jobs.setdefault(key, _Job(pgid=pgid, started=started))
+            job.rss = group_rss.get(pgid, 0)
+            job.peak = max(job.peak, job.rss)
+        for key, job in self._jobs.items():
+            job.alive = key in live_keys
+
+        available = self.available(tree_rss)
+        if self.min_available is None or available < self.min_available:
+            self.min_available = available
+        live = [job for job in self._jobs.values() if job.alive]
+        running = sorted((j for j in live if not j.paused), key=lambda j: j.started)
+        paused = sorted((j for j in live if j.paused), key=lambda j: j.started)
+        if available < self.low_watermark and len(running) > 1:
+            self._pause(running[-1])  # the youngest has made the least progress
+        elif paused and (available > self.high_watermark or not running):
+            self._resume(paused[0])  # the oldest is closest to finishing
+
+    def _pause(self, job: _Job) -> None:
+        if _killpg(job.pgid, signal.SIGSTOP):
+            job.paused = True
+            self.pauses += 1
+
+    def _resume(self, job: _Job) -> None:
+        _killpg(job.pgid, signal.SIGCONT)
+        job.paused = False
+        self.resumes += 1
+
+    def resume_all(self) -> None:
+        """SIGCONT every paused job (before a kill or cancel)."""
+        for job in self._jobs.values():
+            if job.paused:
+                self._resume(job)
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+_OOM_PATTERNS = re.compile(
+    r"Killed signal terminated program"  # gcc/g++: cc1plus SIGKILLed
+    r"|died due to signal 9"  # nvcc: 'cicc' died due to signal 9 (Kill signal)
+    r"|out of memory"
+    r"|Cannot allocate memory"
+    r"|std::bad_alloc"
+    r"|virtual memory exhausted"
+    r"|MemoryError",
+    re.IGNORECASE,
+)
+_SIGKILL_CODES = {-signal.SIGKILL, 128 + signal.SIGKILL}
+
+
+def was_oom_killed(returncode: int | None, log_tail: str, *, oom_kill_events: int = 0) -> bool:
+    """Whether a failed build looks like the kernel's OOM killer took a compile.
+
+    Call it only for builds that were not timed out or cancelled (those are SIGKILLed by us).
+    ``oom_kill_events`` is ``BuildProcess.oom_kills()`` where a memory cgroup exists.
+    """
+    if returncode == 0:
+        return False
+    if oom_kill_events > 0:
+        return True
+    if returncode in _SIGKILL_CODES:
+        return True
+    return bool(_OOM_PATTERNS.search(log_tail))
+

@@ -1,0 +1,588 @@
+"""Own a build's whole process tree: start it, find every process of it, and kill exactly those.
+
+A build runs in its own session and carries a unique cookie in its environment
+(``WHEELHOUSE_BUILD_ID``). "The build's processes" are the union of
+
+- descendants of the build's main process and of every process already known to be the build's
+  (psutil's ``children()`` alone misses the descendants of a child that already exited),
+- members of the build's session (ninja puts each job in its own process group, not session),
+- the processes in the build's own cgroup v2, where a writable one exists,
+- any process of this user whose environment carries the build's cookie, which catches the ones
+  that escaped with ``setsid`` or a double fork.
+
+Nothing is ever matched by name: a neighbour's ``nvcc`` is not ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+BUILD_ID_ENV = "WHEELHOUSE_BUILD_ID"
+"""The environment variable every process of a build carries: its build id."""
+
+CGROUP_PREFIX = "wheelhouse-"
+"""Name prefix of the per-build cgroup directories."""
+
+KILL_LIMIT = 60.0
+"""Seconds after which ``kill_tree`` gives up and reports survivors."""
+
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+# psutil's create_time has jiffy resolution and is derived from the boot time; leave slack.
+_CTIME_SLACK = 2.0
+
+_Key = tuple[int, float]
+"""A process identity that survives pid reuse: (pid, create_time)."""
+
+
+def become_subreaper(enable: bool = True) -> bool:
+    """Make this process a child subreaper, so orphans of its builds re-parent to it, not init.
+
+    Returns False where prctl is unavailable. Orphans that re-parent here become our zombies
+    when they die; ``BuildProcess`` reaps those that belong to its build.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return False
+    prctl.restype = ctypes.c_int
+    flag = ctypes.c_ulong(1 if enable else 0)
+    zero = ctypes.c_ulong(0)
+    return int(prctl(_PR_SET_CHILD_SUBREAPER, flag, zero, zero, zero)) == 0
+
+
+def is_subreaper() -> bool:
+    """Whether this process is currently a child subreaper."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    value = ctypes.c_int(0)
+    zero = ctypes.c_ulong(0)
+    if libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(value), zero, zero, zero) != 0:
+        return False
+    return value.value != 0
+
+
+@dataclass
+class ReapReport:
+    """What a kill did; goes into the build record (JSON-serializable via ``asdict``)."""
+
+    processes: int
+    """How many distinct processes were signalled."""
+    signals: list[str] = field(default_factory=list)
+    """Signals used, in order, e.g. ``["SIGTERM", "SIGKILL"]`` (SIGCONT always follows SIGTERM)."""
+    seconds: float = 0.0
+    survivors: int = 0
+    """Processes still alive when the kill gave up; 0 unless something is badly wrong."""
+
+
+@dataclass
+class Outcome:
+    """How ``BuildProcess.wait`` ended."""
+
+    returncode: int | None
+    """The main process's exit status (negative: killed by that signal)."""
+    timed_out: bool = False
+    cancelled: bool = False
+    reap: ReapReport | None = None
+    """Set when processes were killed: on timeout/cancel, or strays after a normal exit."""
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    ctime: float
+    uid: int
+    zombie: bool
+
+
+def _scan() -> dict[int, _Proc]:
+    """One snapshot of every process on the host."""
+    table: dict[int, _Proc] = {}
+    for p in psutil.process_iter(["ppid", "create_time", "uids", "status"]):
+        info = p.info
+        uids = info.get("uids")
+        ctime = info.get("create_time")
+        ppid = info.get("ppid")
+        if uids is None or ctime is None or ppid is None:
+            continue  # vanished or unreadable mid-scan
+        table[p.pid] = _Proc(
+            pid=p.pid, ppid=ppid, ctime=ctime, uid=uids.real,
+            zombie=info.get("status") == psutil.STATUS_ZOMBIE,
+        )
+    return table
+
+
+def _environ_cookie(pid: int) -> str | None:
+    try:
+        return psutil.Process(pid).environ().get(BUILD_ID_ENV)
+    except (psutil.Error, OSError):
+        return None
+
+
+def _getsid(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _children_map(table: dict[int, _Proc]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for proc in table.values():
+        kids.setdefault(proc.ppid, []).append(proc.pid)
+    return kids
+
+
+def _closure(roots: Iterable[int], table: dict[int, _Proc]) -> set[int]:
+    """The roots and all their descendants, as far as the snapshot shows."""
+    kids = _children_map(table)
+    found: set[int] = set()
+    stack = [pid for pid in roots if pid in table]
+    while stack:
+        pid = stack.pop()
+        if pid in found:
+            continue
+        found.add(pid)
+        stack.extend(kids.get(pid, ()))
+    return found
+
+
+def _reap_zombie(pid: int) -> None:
+    """Collect the exit status of a zombie child of ours (a re-parented orphan)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _signal(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+# --- cgroup v2 ------------------------------------------------------------------------------
+
+
+def _cgroup2_mount() -> Path | None:
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, sep, right = line.partition(" - ")
+        if sep and right.split(" ", 1)[0] == "cgroup2":
+            return Path(left.split(" ")[4])
+    return None
+
+
+def cgroup_base() -> Path | None:
+    """This process's own cgroup v2 directory, if it is writable (builds go below it)."""
+    mount = _cgroup2_mount()
+    if mount is None:
+        return None
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            base = mount / line[3:].lstrip("/")
+            if os.access(base, os.W_OK) and (base / "cgroup.procs").exists():
+                return base
+    return None
+
+
+def _cgroup_pids(path: Path) -> set[int]:
+    try:
+        return {int(x) for x in (path / "cgroup.procs").read_text().split()}
+    except (OSError, ValueError):
+        return set()
+
+
+def _cgroup_kill(path: Path) -> bool:
+    try:
+        (path / "cgroup.kill").write_text("1")
+    except OSError:
+        return False
+    return True
+
+
+def _cgroup_remove(path: Path, timeout: float = 2.0) -> bool:
+    """rmdir a cgroup; it stays busy for a moment after its last process dies."""
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        else:
+            return True
+
+
+def _make_cgroup(build_id: str, memory_max: int | None) -> Path | None:
+    if not _SAFE_ID.fullmatch(build_id):
+        return None
+    base = cgroup_base()
+    if base is None:
+        return None
+    path = base / f"{CGROUP_PREFIX}{build_id}"
+    try:
+        path.mkdir()
+    except OSError:
+        return None
+    if memory_max is not None:
+        controllers = (path / "cgroup.controllers").read_text().split()
+        if "memory" in controllers:
+            with contextlib.suppress(OSError):
+                (path / "memory.max").write_text(str(memory_max))
+    return path
+
+
+def _cgroup_oom_kills(path: Path | None) -> int:
+    if path is None:
+        return 0
+    try:
+        text = (path / "memory.events").read_text()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
+
+
+# The trampoline moves itself into the cgroup and then execs the build, so the build's very first
+# instruction already runs inside it (no fork can race the move). The build's argv travels as
+# positional parameters, never through the shell's parser.
+_CGROUP_TRAMPOLINE = '{ echo 0 > "$0"; } 2>/dev/null; exec "$@"'
+
+
+# --- the kill loop ------------------------------------------------------------------------
+
+
+def _kill_loop(
+    find: Callable[[], dict[_Key, _Proc]],
+    *,
+    grace: float,
+    limit: float = KILL_LIMIT,
+    cgroup: Path | None = None,
+    reap: Callable[[dict[int, _Proc]], None] = lambda table: None,
+) -> ReapReport:
+    """SIGTERM (+SIGCONT), wait ``grace``, then SIGKILL until ``find`` returns nothing live."""
+    start = time.monotonic()
+    end = start + limit
+    signalled: set[_Key] = set()
+    signals: list[str] = []
+
+    def live() -> dict[_Key, _Proc]:
+        found = find()
+        reap({k[0]: p for k, p in found.items()})
+        return {k: p for k, p in found.items() if not p.zombie}
+
+    procs = live()
+    if procs:
+        signals.append("SIGTERM")
+        # The cookie and tree stay consistent while we look; new processes get TERM as we see
+        # them during the grace period, so a forker that obeys TERM stops forking.
+        grace_end = min(start + grace, end)
+        while procs:
+            for key in procs:
+                if key not in signalled and _signal(key[0], signal.SIGTERM):
+                    signalled.add(key)
+                    # A stopped process would hold the TERM pending until resumed.
+                    _signal(key[0], signal.SIGCONT)
+            if time.monotonic() >= grace_end:
+                break
+            time.sleep(0.05)
+            procs = live()
+    procs = live()
+    while procs and time.monotonic() < end:
+        if "SIGKILL" not in signals:
+            signals.append("SIGKILL")
+        if cgroup is not None:
+            _cgroup_kill(cgroup)
+        for key in procs:
+            if _signal(key[0], signal.SIGKILL):
+                signalled.add(key)
+        time.sleep(0.02)
+        procs = live()
+    return ReapReport(
+        processes=len(signalled), signals=signals,
+        seconds=round(time.monotonic() - start, 3), survivors=len(procs),
+    )
+
+
+# --- one build --------------------------------------------------------------------------
+
+
+class BuildProcess:
+    """A running build and everything it started."""
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], *, build_id: str, cgroup: Path | None,
+        started_at: float,
+    ) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.build_id = build_id
+        self.cgroup = cgroup
+        """The build's own cgroup v2 directory, or None in the fallback."""
+        self._started_at = started_at
+        try:
+            self._main_ctime: float | None = psutil.Process(self.pid).create_time()
+        except psutil.Error:
+            self._main_ctime = None
+        # Every process ever seen as part of the build, so descendants of an exited child can
+        # still be traced through it while it is alive under a new parent.
+        self._known: dict[int, float] = {}
+        if self._main_ctime is not None:
+            self._known[self.pid] = self._main_ctime
+
+    @classmethod
+    def start(
+        cls, argv: list[str], *, build_id: str, env: dict[str, str], cwd: Path,
+        log_path: Path, memory_max: int | None = None, use_cgroup: bool = True,
+    ) -> BuildProcess:
+        """Start argv in a new session, with the build id cookie, output appended to log_path.
+
+        Uses a per-build cgroup v2 (and sets memory.max) where a writable one exists and the id
+        is safe as a directory name; otherwise falls back to session/tree/cookie tracking.
+        """
+        if not argv:
+            raise ValueError("empty argv")
+        cgroup = _make_cgroup(build_id, memory_max) if use_cgroup else None
+        full_argv = list(argv)
+        if cgroup is not None:
+            full_argv = ["/bin/sh", "-c", _CGROUP_TRAMPOLINE, str(cgroup / "cgroup.procs"),
+                         *argv]
+        full_env = {**env, BUILD_ID_ENV: build_id}
+        started_at = time.time()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            try:
+                popen = subprocess.Popen(
+                    full_argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            except BaseException:
+                if cgroup is not None:
+                    _cgroup_remove(cgroup)
+                raise
+        return cls(popen, build_id=build_id, cgroup=cgroup, started_at=started_at)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.returncode
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def oom_kills(self) -> int:
+        """The cgroup's ``memory.events`` oom_kill counter (0 without a memory cgroup)."""
+        return _cgroup_oom_kills(self.cgroup)
+
+    # -- finding the build's processes --
+
+    def _session_usable(self, table: dict[int, _Proc]) -> bool:
+        """The build's session id is its main pid; don't trust it once that pid is reused."""
+        leader = table.get(self.pid)
+        return leader is None or self._main_ctime is None or abs(
+            leader.ctime - self._main_ctime) < 0.01 or leader.zombie
+
+    def _find(self) -> dict[_Key, _Proc]:
+        table = _scan()
+        me = os.getpid()
+        uid = os.getuid()
+        roots: set[int] = set()
+        for pid, ctime in list(self._known.items()):
+            proc = table.get(pid)
+            if proc is not None and abs(proc.ctime - ctime) < 0.01:
+                roots.add(pid)
+            else:
+                del self._known[pid]
+        if self.cgroup is not None:
+            roots |= _cgroup_pids(self.cgroup) & table.keys()
+        by_session = self._session_usable(table)
+        oldest = self._started_at - _CTIME_SLACK
+        for proc in table.values():
+            if proc.pid in roots or proc.pid == me or proc.ctime < oldest:
+                continue  # anything older than the build cannot carry its session or cookie
+            if by_session and _getsid(proc.pid) == self.pid:
+                roots.add(proc.pid)
+            elif proc.uid == uid and not proc.zombie and (
+                    _environ_cookie(proc.pid) == self.build_id):
+                roots.add(proc.pid)
+        members = _closure(roots, table)
+        members.discard(me)
+        found: dict[_Key, _Proc] = {}
+        for pid in members:
+            proc = table[pid]
+            found[(pid, proc.ctime)] = proc
+            self._known[pid] = proc.ctime
+        return found
+
+    def _reap(self, procs: dict[int, _Proc]) -> None:
+        me = os.getpid()
+        for pid, proc in procs.items():
+            if pid == self.pid:
+                self._popen.poll()
+            elif proc.zombie and proc.ppid == me:
+                _reap_zombie(pid)
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of this build (see the module docstring). Never matches by name."""
+        found = self._find()
+        self._reap({k[0]: p for k, p in found.items()})
+        result: list[psutil.Process] = []
+        for (pid, ctime), proc in sorted(found.items()):
+            if proc.zombie:
+                continue
+            try:
+                p = psutil.Process(pid)
+                if abs(p.create_time() - ctime) < 0.01:
+                    result.append(p)
+            except psutil.Error:
+                continue
+        return result
+
+    # -- waiting and killing --
+
+    def wait(
+        self, *, deadline: float | None, should_cancel: Callable[[], bool] | None = None,
+        on_tick: Callable[[], None] | None = None, tick: float = 0.5, grace: float = 5.0,
+    ) -> Outcome:
+        """Wait for the main process; on deadline (``time.monotonic()``) or cancel, kill the tree.
+
+        After a normal exit, stray processes of the build are killed too: a finished build
+        must not leave compilers behind.
+        """
+        while True:
+            if self._popen.poll() is not None:
+                break
+            if should_cancel is not None and should_cancel():
+                reap = self._finish_kill(grace)
+                return Outcome(self._popen.returncode, cancelled=True, reap=reap)
+            if deadline is not None and time.monotonic() >= deadline:
+                reap = self._finish_kill(grace)
+                return Outcome(self._popen.returncode, timed_out=True, reap=reap)
+            if on_tick is not None:
+                on_tick()
+            self._find()  # remember descendants while the tree is intact
+            timeout = tick
+            if deadline is not None:
+                timeout = max(0.0, min(tick, deadline - time.monotonic()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._popen.wait(timeout=timeout)
+        returncode = self._popen.returncode
+        reap = None
+        if self.processes():
+            reap = self.kill_tree(grace)
+        self.close()
+        return Outcome(returncode, reap=reap)
+
+    def _finish_kill(self, grace: float) -> ReapReport:
+        report = self.kill_tree(grace)
+        self.close()
+        return report
+
+    def kill_tree(self, grace: float = 5.0) -> ReapReport:
+        """SIGTERM everything (ninja forwards it), wait ``grace``, then SIGKILL until none is left.
+
+        Stopped processes get SIGCONT after SIGTERM. Zombies that re-parented to us are reaped.
+        Bounded by ``KILL_LIMIT`` seconds; ``survivors`` says what was left.
+        """
+        report = _kill_loop(self._find, grace=grace, cgroup=self.cgroup, reap=self._reap)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=1.0)
+        return report
+
+    def close(self) -> None:
+        """Remove the build's cgroup (once it is empty)."""
+        if self.cgroup is not None and not _cgroup_pids(self.cgroup):
+            if _cgroup_remove(self.cgroup):
+                self.cgroup = None
+
+
+# --- orphans of dead workers ----------------------------------------------------------------
+
+
+def _ancestors(pid: int, table: dict[int, _Proc]) -> set[int]:
+    seen: set[int] = set()
+    while pid in table and pid not in seen:
+        seen.add(pid)
+        pid = table[pid].ppid
+    return seen
+
+
+def sweep_orphans(
+    live_build_ids: Collection[str], *, id_prefix: str = "", grace: float = 5.0,
+) -> ReapReport:
+    """Kill processes carrying ``BUILD_ID_ENV`` whose id is not in ``live_build_ids``.
+
+    These are leftovers of a worker that was SIGKILLed or lost mid-build. Only processes of the
+    current user are considered, with their descendants, plus leftover per-build cgroups; never
+    anything by name. ``live_build_ids`` must hold every build running on this host, by any
+    worker. ``id_prefix`` restricts the sweep to build ids with that prefix (a fleet namespace).
+    """
+    live = set(live_build_ids)
+    uid = os.getuid()
+    me = os.getpid()
+
+    def stale(build_id: str | None) -> bool:
+        return build_id is not None and build_id.startswith(id_prefix) and build_id not in live
+
+    cgroups: list[Path] = []
+    base = cgroup_base()
+    if base is not None:
+        with contextlib.suppress(OSError):
+            for path in base.iterdir():
+                name = path.name
+                if path.is_dir() and name.startswith(CGROUP_PREFIX) and stale(
+                        name[len(CGROUP_PREFIX):]):
+                    cgroups.append(path)
+
+    def find() -> dict[_Key, _Proc]:
+        table = _scan()
+        protected = _ancestors(me, table)
+        roots: set[int] = set()
+        for cg in cgroups:
+            roots |= _cgroup_pids(cg)
+        for proc in table.values():
+            if proc.uid == uid and not proc.zombie and stale(_environ_cookie(proc.pid)):
+                roots.add(proc.pid)
+        members = _closure(roots, table) - protected
+        return {(pid, table[pid].ctime): table[pid] for pid in members}
+
+    def reap(procs: dict[int, _Proc]) -> None:
+        for pid, proc in procs.items():
+            if proc.zombie and proc.ppid == me:
+                _reap_zombie(pid)
+
+    report = _kill_loop(find, grace=grace, reap=reap)
+    for cg in cgroups:
+        _cgroup_kill(cg)
+        _cgroup_remove(cg)
+    return report
