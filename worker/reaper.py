@@ -483,11 +483,11 @@ class BuildProcess:
             if self._popen.poll() is not None:
                 break
             if should_cancel is not None and should_cancel():
-                reap = self._finish_kill(grace)
-                return Outcome(self._popen.returncode, cancelled=True, reap=reap)
+                killed = self._finish_kill(grace)
+                return Outcome(self._popen.returncode, cancelled=True, reap=killed)
             if deadline is not None and time.monotonic() >= deadline:
-                reap = self._finish_kill(grace)
-                return Outcome(self._popen.returncode, timed_out=True, reap=reap)
+                killed = self._finish_kill(grace)
+                return Outcome(self._popen.returncode, timed_out=True, reap=killed)
             if on_tick is not None:
                 on_tick()
             self._find()  # remember descendants while the tree is intact
@@ -497,7 +497,7 @@ class BuildProcess:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout=timeout)
         returncode = self._popen.returncode
-        reap = None
+        reap: ReapReport | None = None
         if self.processes():
             reap = self.kill_tree(grace)
         self.close()
