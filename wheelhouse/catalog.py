@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from packaging.utils import NormalizedName, canonicalize_name
+from packaging.utils import BuildTag, NormalizedName, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from wheelhouse.storage import Storage
@@ -188,17 +188,24 @@ class Catalog:
         """The files an index root lists for a project: O(files of that project)."""
         self.maybe_refresh()
         records = self._by_base.get(variant.base.key, {}).get(project, [])
-        if not variant.archs:
-            return [r for r in records if r.variant == variant.key]
-        best: dict[tuple[str, frozenset[Any]], tuple[int, Record]] = {}
+        # Even a base root can hold two files with the same version and tags (build tags),
+        # so every root goes through the same de-duplication.
+        best: dict[tuple[str, frozenset[Any]], tuple[int, BuildTag, Record]] = {}
         for r in records:
-            rank = _arch_rank(r, variant.archs)
-            if rank is None:
+            if variant.archs:
+                rank = _arch_rank(r, variant.archs)
+                if rank is None:
+                    continue
+            elif r.variant == variant.key:
+                rank = 0
+            else:
                 continue
             k = _dedupe_key(r)
-            if k not in best or rank < best[k][0]:
-                best[k] = (rank, r)
-        return sorted((r for _, r in best.values()),
+            build = parse_wheel_filename(r.filename)[2]
+            # Lower rank first; then the higher build tag, as the wheel spec's tie-breaker.
+            if k not in best or (rank, best[k][1]) < (best[k][0], build):
+                best[k] = (rank, build, r)
+        return sorted((r for _, _, r in best.values()),
                       key=lambda r: (Version(r.version), r.filename))
 
     def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
