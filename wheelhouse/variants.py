@@ -1,16 +1,18 @@
 """Variant keys: what a CUDA-extension wheel must match beyond its Python and platform tags.
 
-A variant is torch ``major.minor`` × the CUDA version torch was built with × the C++ ABI (only
-spelled out where it differs from torch's default) × optionally a narrowed set of GPU
+A variant is torch ``major.minor``, the CUDA version torch was built with, the C++ ABI (only
+spelled out where it differs from torch's default), and optionally a narrowed set of GPU
 architectures. Its key names an index root: ``torch2.8-cu128``, ``torch2.8-cu128-sm90``,
 ``torch2.5-cu124-cxx11abi1-sm80-sm90``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -80,7 +82,8 @@ def default_cxx11abi(torch: str) -> bool:
     return (major, minor) >= (2, 7)
 
 
-@dataclass(frozen=True, order=True)
+@functools.total_ordering
+@dataclass(frozen=True)
 class Variant:
     """One index root. ``archs`` empty means the recipe's default (fat) architecture set."""
 
@@ -134,6 +137,17 @@ class Variant:
 
     def __str__(self) -> str:
         return self.key
+
+    def _sort_key(self) -> tuple[Any, ...]:
+        return (tuple(int(p) for p in self.torch.split(".")),
+                tuple(int(p) for p in self.cuda.split(".")),
+                self.cxx11abi, tuple(_arch_key(a) for a in self.archs))
+
+    def __lt__(self, other: object) -> bool:
+        # Numerically: torch2.10 comes after torch2.9, sm100 after sm90.
+        if not isinstance(other, Variant):
+            return NotImplemented
+        return self._sort_key() < other._sort_key()
 
 
 def parse_variant(key: str) -> Variant:
