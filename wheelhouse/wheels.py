@@ -197,11 +197,10 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
 def _set_version(metadata: bytes, version: Version) -> bytes:
     lines = metadata.split(b"\n")
     for i, line in enumerate(lines):
-        if line.startswith(b"Version:"):
-            lines[i] = b"Version: " + str(version).encode()
-            break
         if line.strip() == b"":
-            break
-    else:
-        raise InvalidWheel("METADATA has no Version header")
-    return b"\n".join(lines)
+            break  # the end of the headers: what follows is the description
+        if line.startswith(b"Version:"):
+            eol = b"\r" if line.endswith(b"\r") else b""
+            lines[i] = b"Version: " + str(version).encode() + eol
+            return b"\n".join(lines)
+    raise InvalidWheel("METADATA has no Version header")
