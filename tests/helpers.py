@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wheelhouse.config import Config
 
 
 def free_port() -> int:
@@ -99,3 +106,65 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["UV_NO_CONFIG"] = "1"
     env.update(extra)
     return env
+
+
+def config_env(config: Config) -> dict[str, str]:
+    """The ``WHEELHOUSE_*`` variables that reproduce ``config`` in a subprocess."""
+    import dataclasses
+
+    from wheelhouse.config import ENV_PREFIX
+
+    env: dict[str, str] = {}
+    for f in dataclasses.fields(config):
+        if f.name == "extra":
+            continue
+        value = getattr(config, f.name)
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        env[ENV_PREFIX + f.name.upper()] = text
+    env.update(config.extra)
+    return env
+
+
+class IndexURL(str):
+    """The base URL of a running index; ``.log`` is the file its access log goes to."""
+
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def access_log(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def start_index(config: Config, tmp_path: Path, *, workers: int = 2,
+                extra_env: dict[str, str] | None = None) -> Iterator[IndexURL]:
+    """Run ``wheelhouse serve`` (gunicorn) on a free loopback port in its own process group."""
+    port = free_port()
+    log = tmp_path / f"index-{port}.log"
+    env = dict(os.environ)
+    env = {k: v for k, v in env.items() if not k.startswith("WHEELHOUSE_")}
+    env.update(config_env(config))
+    env.update(extra_env or {})
+    wheelhouse = shutil.which("wheelhouse") or "wheelhouse"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [wheelhouse, "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--workers", str(workers)],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    url = IndexURL(f"http://127.0.0.1:{port}")
+    url.log = log
+    url.proc = proc
+    try:
+        wait_for_port(port, timeout=30)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

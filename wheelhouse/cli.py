@@ -58,7 +58,9 @@ def load_config(**overrides: Any) -> Config:
               help="Rewrite each wheel into the variant's local version (METADATA and RECORD too).")
 @click.option("--arch", "archs", multiple=True,
               help="GPU architecture the wheel holds (repeatable), where known.")
-def publish(files: tuple[Path, ...], variant_key: str, relabel: bool, archs: tuple[str, ...]) -> None:
+def publish(
+    files: tuple[Path, ...], variant_key: str, relabel: bool, archs: tuple[str, ...]
+) -> None:
     """Publish existing wheels into a variant's index."""
     from wheelhouse.publish import publish as do_publish
     from wheelhouse.storage import open_storage

@@ -7,6 +7,7 @@ Defaults are defined once here; each can be overridden from the environment as
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -32,7 +33,7 @@ class Config:
     """S3 endpoint for MinIO and other S3-compatible servers; AWS when unset."""
 
     s3_file_mode: str = "stream"
-    """How S3-stored files are served: ``stream`` through the index, or ``redirect`` to a presigned URL."""
+    """How S3-stored files are served: ``stream`` through the index or ``redirect`` (presigned)."""
 
     presign_seconds: int = 300
     """Lifetime of presigned URLs when ``s3_file_mode`` is ``redirect``."""
@@ -41,7 +42,7 @@ class Config:
     """Default upstream simple index for projects not hosted here, or ``off`` to answer 404."""
 
     upstream_rules: str = DEFAULT_UPSTREAM_RULES
-    """Per-project routes, ``name,name-*=URL`` joined by ``;``; URLs may use {cu}, {cuda}, {torch}."""
+    """Per-project routes ``a,b-*=URL`` joined by ``;``; URLs may use {cu}, {cuda}, {torch}."""
 
     page_max_age: int = 60
     """``Cache-Control: max-age`` of index pages, in seconds."""
@@ -50,7 +51,7 @@ class Config:
     """How often each server process checks storage for newly published wheels."""
 
     redis_url: str | None = None
-    """Redis for the build queue; unset means index-only (or a private Redis for ``serve --with-worker``)."""
+    """Redis for the build queue; unset means index-only."""
 
     workspace: str = "./wheelhouse-work"
     """Scratch directory for builds on a worker host."""
@@ -66,6 +67,24 @@ class Config:
 
     log_json: bool = False
     """Log one JSON object per line."""
+
+    build_index_url: str = "https://pypi.org/simple"
+    """Index the build environment installs build requirements (not torch) from."""
+
+    torch_index_url: str = "https://download.pytorch.org/whl/{cu}"
+    """Index torch is installed from into builds; may use {cu}; empty: the build index."""
+
+    torch_find_links: str = ""
+    """Extra find-links for torch and its CUDA wheels (space-separated dirs/URLs, may use {cu})."""
+
+    recipe_dirs: str = ""
+    """Extra directories of recipe TOML files (``:``-separated), searched before the built-ins."""
+
+    worker_heartbeat_seconds: int = 15
+    """Seconds between a worker's capability adverts in Redis (an advert expires after 4 beats)."""
+
+    build_reserve_gib: float = 0.0
+    """Memory kept free beside builds, in GiB; 0: max(8 GiB, 15%), scaled down on small hosts."""
 
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
@@ -124,7 +143,7 @@ def documented_settings() -> list[tuple[str, str, str]]:
     tree = ast.parse(source)
     docs: dict[str, str] = {}
     body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:], strict=False):
+    for node, nxt in itertools.pairwise(body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
                 docs[node.target.id] = str(nxt.value.value)

@@ -79,9 +79,9 @@ def sha256_file(path: Path) -> str:
 
 
 def _dist_info_dir(zf: zipfile.ZipFile) -> str:
-    dirs = {n.split("/", 1)[0] for n in zf.namelist() if n.split("/", 1)[0].endswith(".dist-info")}
+    dirs = {top for n in zf.namelist() if (top := n.split("/", 1)[0]).endswith(".dist-info")}
     if len(dirs) != 1:
-        raise InvalidWheel(f"wheel must contain exactly one .dist-info directory, found {len(dirs)}")
+        raise InvalidWheel(f"wheel must hold exactly one .dist-info directory, found {len(dirs)}")
     return dirs.pop()
 
 
