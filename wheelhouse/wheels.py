@@ -158,6 +158,10 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
     with zipfile.ZipFile(path) as src:
         old_info = _dist_info_dir(src)
         new_info = f"{old_prefix[0]}-{new_version}.dist-info"
+        # The .data directory carries the version too; installers (uv) only honour the one
+        # that matches .dist-info and would copy a stale one into site-packages verbatim.
+        old_data = old_info.removesuffix(".dist-info") + ".data"
+        new_data = new_info.removesuffix(".dist-info") + ".data"
         fd, tmp_name = tempfile.mkstemp(dir=dest_dir, suffix=".whl.part")
         os.close(fd)
         tmp = Path(tmp_name)
@@ -171,6 +175,8 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
                         if rest == "RECORD":
                             continue
                         arcname = f"{new_info}/{rest}"
+                    elif top == old_data:
+                        arcname = f"{new_data}/{rest}"
                     data = src.read(info)
                     if arcname == f"{new_info}/METADATA":
                         data = _set_version(data, new_version)
