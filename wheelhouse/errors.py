@@ -37,3 +37,20 @@ class InvalidBuildSpec(WheelhouseError, ValueError):
 
 class StorageError(WheelhouseError, OSError):
     """Storage could not be reached or answered unexpectedly."""
+
+
+class InvalidRecipe(WheelhouseError, ValueError):
+    """A recipe file that does not parse or names unknown settings."""
+
+
+class UnservableSpec(WheelhouseError, LookupError):
+    """No live worker of the fleet can build this spec (CUDA version and CPU architecture)."""
+
+
+class BuildFailed(WheelhouseError, RuntimeError):
+    """A build that failed; ``kind`` is a ``FailureKind`` value, ``reason`` one line for users."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"[{kind}] {reason}")
+        self.kind = kind
+        self.reason = reason

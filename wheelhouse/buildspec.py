@@ -1,0 +1,257 @@
+"""Build specs: exactly which wheel a build must produce, validated before anything runs.
+
+A spec is (project, version, Python, torch, CUDA, GPU architectures, C++ ABI, CPU architecture).
+It maps to one variant (the index root the wheel is published into), one expected wheel file
+name, and one deterministic RQ job id, so that asking twice for the same wheel finds the same job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from packaging.tags import Tag
+from packaging.utils import NormalizedName, canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
+from wheelhouse.variants import Variant
+
+#: Python versions a build may target (``uv`` provides the interpreter).
+KNOWN_PYTHONS: tuple[str, ...] = ("3.9", "3.10", "3.11", "3.12", "3.13", "3.14")
+#: CPU architectures, as ``platform.machine()`` and wheel platform tags spell them.
+KNOWN_MACHINES: tuple[str, ...] = ("x86_64", "aarch64")
+
+MAX_FIELD_LENGTH = 100
+_PROJECT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+class FailureKind(StrEnum):
+    """Why a build failed; decides whether it is retried and what the user is told."""
+
+    COMPILE_ERROR = "compile_error"
+    """The sources do not compile: not retried."""
+    OOM = "oom"
+    """A compile was killed for memory: retried once at half the MAX_JOBS."""
+    TIMEOUT = "timeout"
+    """The build ran past its deadline and was killed."""
+    INCOMPATIBLE = "incompatible"
+    """This combination cannot be built (C++ standard, toolkit, torch source): not retried."""
+    INFRASTRUCTURE = "infrastructure"
+    """Storage, network or Redis failed: retried with backoff."""
+    CANCELLED = "cancelled"
+    """Someone cancelled the build."""
+
+    @property
+    def retryable(self) -> bool:
+        return self in (FailureKind.INFRASTRUCTURE, FailureKind.OOM)
+
+
+def normalize_python(python: str) -> str:
+    """``3.11``, ``3.11.7``, ``cp311`` or ``311`` → ``3.11``, for known versions only."""
+    text = python.strip().lower().removeprefix("cp").removeprefix("py")
+    if re.fullmatch(r"3[0-9]{1,2}", text):
+        text = f"3.{text[1:]}"
+    try:
+        v = Version(text)
+    except InvalidVersion:
+        raise InvalidBuildSpec(f"Python version {python[:40]!r} is not a version") from None
+    short = f"{v.major}.{v.minor}" if len(v.release) >= 2 else ""
+    if short not in KNOWN_PYTHONS:
+        raise InvalidBuildSpec(
+            f"unsupported Python version {python[:40]!r}; known: {', '.join(KNOWN_PYTHONS)}"
+        )
+    return short
+
+
+def normalize_machine(machine: str) -> str:
+    text = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine.strip().lower(), machine.strip())
+    if text not in KNOWN_MACHINES:
+        raise InvalidBuildSpec(
+            f"unknown CPU architecture {machine[:40]!r}; known: {', '.join(KNOWN_MACHINES)}"
+        )
+    return text
+
+
+def _check_length(name: str, value: str) -> None:
+    if len(value) > MAX_FIELD_LENGTH:
+        raise InvalidBuildSpec(f"{name} is too long ({len(value)} characters)")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """One wheel to build. Create with :meth:`create`, which validates and normalizes."""
+
+    project: NormalizedName
+    version: str
+    python: str
+    variant: Variant
+    machine: str = "x86_64"
+
+    @classmethod
+    def create(
+        cls,
+        project: str,
+        version: str,
+        *,
+        python: str,
+        torch: str,
+        cuda: str,
+        archs: Iterable[str] = (),
+        cxx11abi: bool | None = None,
+        machine: str = "x86_64",
+    ) -> BuildSpec:
+        """Validate loose user input; raise :class:`InvalidBuildSpec` with a plain message."""
+        for name, value in (("project", project), ("version", version), ("python", python),
+                            ("torch", torch), ("cuda", cuda), ("machine", machine)):
+            if not isinstance(value, str):
+                raise InvalidBuildSpec(f"{name} must be a string")
+            _check_length(name, value)
+        if not _PROJECT.fullmatch(project):
+            raise InvalidBuildSpec(f"{project[:40]!r} is not a valid project name")
+        try:
+            v = Version(version)
+        except InvalidVersion:
+            raise InvalidBuildSpec(
+                f"version {version[:40]!r} is not a valid PEP 440 version"
+            ) from None
+        if v.local is not None:
+            raise InvalidBuildSpec(
+                f"version {version[:40]!r} has a local label; ask for the public version, "
+                "the variant's label is added by the build"
+            )
+        arch_list = list(archs)
+        if len(arch_list) > 20 or not all(isinstance(a, str) for a in arch_list):
+            raise InvalidBuildSpec("archs must be a short list of strings")
+        try:
+            variant = Variant.of(torch, cuda, arch_list, cxx11abi)
+        except InvalidVariant as exc:
+            raise InvalidBuildSpec(str(exc)) from None
+        return cls(
+            project=canonicalize_name(project),
+            version=str(v),
+            python=normalize_python(python),
+            variant=variant,
+            machine=normalize_machine(machine),
+        )
+
+    # -- derived names --
+
+    @property
+    def torch(self) -> str:
+        return self.variant.torch
+
+    @property
+    def cuda(self) -> str:
+        return self.variant.cuda
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        return self.variant.archs
+
+    @property
+    def cxx11abi(self) -> bool:
+        return self.variant.cxx11abi
+
+    @property
+    def dist_name(self) -> str:
+        return self.project.replace("-", "_")
+
+    @property
+    def python_tag(self) -> str:
+        """``cp311``."""
+        return "cp" + self.python.replace(".", "")
+
+    @property
+    def wheel_version(self) -> Version:
+        """The version the published wheel carries: the public version plus the variant label."""
+        return Version(f"{self.version}+{self.variant.local_label}")
+
+    @property
+    def expected_tag(self) -> Tag:
+        return Tag(self.python_tag, self.python_tag, f"linux_{self.machine}")
+
+    @property
+    def expected_wheel_name(self) -> str:
+        """What ``setup.py bdist_wheel`` names the wheel once labelled (no manylinux repair)."""
+        t = self.expected_tag
+        return f"{self.dist_name}-{self.wheel_version}-{t.interpreter}-{t.abi}-{t.platform}.whl"
+
+    def tags_match(self, tags: Iterable[Tag]) -> bool:
+        """Whether a built wheel's tags serve this spec's Python and CPU architecture.
+
+        Accepts the exact CPython tag, or a stable-ABI (``abi3``) wheel for an older CPython;
+        platform ``linux_<machine>`` or any ``manylinux*_<machine>``.
+        """
+        minor = int(self.python.split(".")[1])
+        for tag in tags:
+            platform_ok = tag.platform == f"linux_{self.machine}" or (
+                tag.platform.startswith("manylinux") and tag.platform.endswith(f"_{self.machine}")
+            )
+            if not platform_ok:
+                continue
+            if tag.interpreter == self.python_tag and tag.abi == self.python_tag:
+                return True
+            m = re.fullmatch(r"cp3([0-9]{1,2})", tag.interpreter)
+            if tag.abi == "abi3" and m is not None and int(m.group(1)) <= minor:
+                return True
+        return False
+
+    @property
+    def queue_name(self) -> str:
+        """The RQ queue of workers that can build this: one per CUDA version and CPU arch."""
+        return queue_name(self.cuda, self.machine)
+
+    @property
+    def job_id(self) -> str:
+        """A deterministic RQ job id (``[A-Za-z0-9_-]`` only): readable prefix + digest."""
+        readable = f"build-{self.project}-{self.version}-py{self.python}-{self.variant.key}"
+        readable = _JOB_ID_UNSAFE.sub("_", readable.replace(".", "_"))[:120]
+        digest = hashlib.sha256(self.canonical_json().encode()).hexdigest()[:12]
+        return f"{readable}-{self.machine}-{digest}"
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serializable form; :meth:`from_dict` validates it again."""
+        return {
+            "project": str(self.project),
+            "version": self.version,
+            "python": self.python,
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "archs": list(self.archs),
+            "cxx11abi": self.cxx11abi,
+            "machine": self.machine,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BuildSpec:
+        try:
+            return cls.create(
+                data["project"], data["version"], python=data["python"], torch=data["torch"],
+                cuda=data["cuda"], archs=data.get("archs") or (),
+                cxx11abi=data.get("cxx11abi"), machine=data.get("machine", "x86_64"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise InvalidBuildSpec(f"build spec is missing or mistypes a field: {exc}") from None
+
+    def describe(self) -> str:
+        """``flash-attn 2.8.3 for Python 3.11, torch2.8-cu128 (x86_64)``."""
+        return (f"{self.project} {self.version} for Python {self.python}, "
+                f"{self.variant.key} ({self.machine})")
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+def queue_name(cuda: str, machine: str) -> str:
+    """``build-cu130-x86_64``."""
+    return f"build-cu{cuda.replace('.', '')}-{machine}"

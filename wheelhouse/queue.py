@@ -1,0 +1,250 @@
+"""The build queue as the web and the CLI use it: enqueue idempotently, look up, cancel, tail.
+
+Jobs are enqueued by dotted path (``worker.jobs.run_build``), so the web never imports the
+worker. One spec has one deterministic job id: a second request finds the queued, running or
+finished job; a failed one is only re-run when asked to. The worker reports through the job's
+meta (phase, progress, MAX_JOBS, failure) and a capped Redis list (the live log).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.errors import UnservableSpec
+from wheelhouse.fleet import explain_unservable
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from rq.job import Job
+
+JOB_FUNCTION = "worker.jobs.run_build"
+LOG_PREFIX = "wheelhouse:log:"
+LOG_COUNT_PREFIX = "wheelhouse:logn:"
+CANCEL_PREFIX = "wheelhouse:cancel:"
+#: Lines of live log kept in Redis per build; the full log goes to storage.
+LOG_KEEP = 2000
+#: How long results, failures and logs stay in Redis.
+KEEP_SECONDS = 30 * 24 * 3600
+#: The RQ timeout exceeds the worker's own build deadline by this much, so that the worker's
+#: deadline (which kills the whole tree) always fires first.
+RQ_TIMEOUT_MARGIN = 1800
+
+
+class BuildState(StrEnum):
+    QUEUED = "queued"
+    BUILDING = "building"
+    BUILT = "built"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_STATES = {
+    "queued": BuildState.QUEUED, "deferred": BuildState.QUEUED,
+    "scheduled": BuildState.QUEUED, "started": BuildState.BUILDING,
+    "finished": BuildState.BUILT, "failed": BuildState.FAILED, "stopped": BuildState.FAILED,
+    "canceled": BuildState.CANCELLED,
+}
+
+
+@dataclass(frozen=True)
+class BuildStatus:
+    """Everything a page or the API shows about one build."""
+
+    job_id: str
+    state: BuildState
+    spec: dict[str, Any]
+    phase: str | None = None
+    progress: tuple[int, int] | None = None
+    """Ninja's ``[N/M]``: (done, total)."""
+    failure_kind: str | None = None
+    reason: str | None = None
+    """One line: why it failed (or what it built)."""
+    max_jobs: int | None = None
+    max_jobs_reason: str | None = None
+    wheel: str | None = None
+    log_key: str | None = None
+    """Storage key of the full log, once the build ended."""
+    position: int | None = None
+    """Place in its queue (0 = next), while queued."""
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in (BuildState.BUILT, BuildState.FAILED, BuildState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    job_id: str
+    state: BuildState
+    created: bool
+    """False when an existing job was returned instead of a new one."""
+
+
+def _fetch(conn: Redis, job_id: str) -> Job | None:
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job
+
+    try:
+        return Job.fetch(job_id, connection=conn)
+    except NoSuchJobError:
+        return None
+
+
+def _state(job: Job) -> BuildState:
+    status = job.get_status(refresh=False)
+    state = _STATES.get(str(getattr(status, "value", status)), BuildState.QUEUED)
+    failure = job.meta.get("failure") or {}
+    if state is BuildState.FAILED and failure.get("kind") == "cancelled":
+        return BuildState.CANCELLED
+    return state
+
+
+def enqueue_build(
+    conn: Redis,
+    spec: BuildSpec,
+    *,
+    source: str | None = None,
+    rerun_failed: bool = False,
+    require_worker: bool = True,
+    timeout: int = 4 * 3600,
+) -> Enqueued:
+    """Enqueue ``spec`` unless it is already queued, building or built; return its job.
+
+    ``source`` is a local sdist path the worker reads instead of the upstream index (single-box
+    mode and tests). With ``require_worker``, a spec no live worker serves raises
+    :class:`UnservableSpec` with a one-line explanation instead of waiting forever.
+    """
+    from rq import Queue, Retry
+    from rq.exceptions import DuplicateJobError
+
+    if require_worker:
+        why = explain_unservable(conn, spec)
+        if why is not None:
+            raise UnservableSpec(why)
+    job_id = spec.job_id
+    existing = _fetch(conn, job_id)
+    if existing is not None:
+        state = _state(existing)
+        if not (rerun_failed and state in (BuildState.FAILED, BuildState.CANCELLED)):
+            return Enqueued(job_id, state, created=False)
+        existing.delete()
+        conn.delete(LOG_PREFIX + job_id, LOG_COUNT_PREFIX + job_id, CANCEL_PREFIX + job_id)
+    queue = Queue(spec.queue_name, connection=conn)
+    try:
+        queue.enqueue(
+            JOB_FUNCTION, spec.to_dict(), source, timeout,
+            job_id=job_id, unique=True, description=spec.describe(),
+            job_timeout=timeout + RQ_TIMEOUT_MARGIN, result_ttl=KEEP_SECONDS,
+            failure_ttl=KEEP_SECONDS,
+            # One retry, for a job abandoned by a worker that died; the worker refuses the retry
+            # for failures that another attempt can't fix (see worker.cli.BuildWorker).
+            retry=Retry(max=1),
+            meta={"spec": spec.to_dict(), "phase": "queued"},
+        )
+    except DuplicateJobError:
+        job = _fetch(conn, job_id)
+        return Enqueued(job_id, _state(job) if job else BuildState.QUEUED, created=False)
+    return Enqueued(job_id, BuildState.QUEUED, created=True)
+
+
+def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
+    """The build's state and progress, or None for an unknown id."""
+    job = _fetch(conn, job_id)
+    if job is None:
+        return None
+    meta = dict(job.meta)
+    state = _state(job)
+    failure = meta.get("failure") or {}
+    progress = meta.get("progress")
+    position = None
+    if state is BuildState.QUEUED:
+        from rq import Queue
+
+        position = Queue(job.origin, connection=conn).get_job_position(job_id)
+    reason = failure.get("reason")
+    if state is BuildState.FAILED and reason is None:
+        latest = job.latest_result()
+        reason = _last_line(latest.exc_string if latest is not None else None)
+    return BuildStatus(
+        job_id=job_id, state=state, spec=meta.get("spec") or {}, phase=meta.get("phase"),
+        progress=(int(progress[0]), int(progress[1])) if progress else None,
+        failure_kind=failure.get("kind"), reason=reason or meta.get("summary"),
+        max_jobs=meta.get("max_jobs"), max_jobs_reason=meta.get("max_jobs_reason"),
+        wheel=meta.get("wheel"), log_key=meta.get("log_key"), position=position,
+        enqueued_at=job.enqueued_at, started_at=job.started_at, ended_at=job.ended_at,
+        meta=meta,
+    )
+
+
+def _last_line(text: str | None) -> str | None:
+    if not text:
+        return None
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else None
+
+
+def cancel_build(conn: Redis, job_id: str) -> bool:
+    """Cancel a queued build, or ask a running one to stop; False if it already ended."""
+    job = _fetch(conn, job_id)
+    if job is None:
+        return False
+    state = _state(job)
+    if state is BuildState.QUEUED:
+        job.cancel()
+        return True
+    if state is BuildState.BUILDING:
+        # The worker polls this flag and kills the build's whole tree itself; RQ's own stop
+        # command would kill only the work horse and leave the compilers running.
+        conn.set(CANCEL_PREFIX + job_id, str(time.time()), ex=KEEP_SECONDS)
+        return True
+    return False
+
+
+def cancel_requested(conn: Redis, job_id: str) -> bool:
+    return bool(conn.exists(CANCEL_PREFIX + job_id))
+
+
+def append_log(conn: Redis, job_id: str, lines: list[str]) -> None:
+    """Add lines to the live log (capped at :data:`LOG_KEEP`)."""
+    if not lines:
+        return
+    key = LOG_PREFIX + job_id
+    with conn.pipeline() as pipe:
+        pipe.rpush(key, *lines)
+        pipe.ltrim(key, -LOG_KEEP, -1)
+        pipe.incrby(LOG_COUNT_PREFIX + job_id, len(lines))
+        pipe.expire(key, KEEP_SECONDS)
+        pipe.expire(LOG_COUNT_PREFIX + job_id, KEEP_SECONDS)
+        pipe.execute()
+
+
+def log_since(conn: Redis, job_id: str, offset: int = 0) -> tuple[list[str], int]:
+    """Live log lines from line number ``offset`` on, and the offset to ask for next.
+
+    Lines older than the last :data:`LOG_KEEP` are gone from Redis (the full log is in storage
+    once the build ends); asking for them returns what is still there.
+    """
+    with conn.pipeline() as pipe:
+        pipe.get(LOG_COUNT_PREFIX + job_id)
+        pipe.lrange(LOG_PREFIX + job_id, 0, -1)
+        raw_total, raw_lines = pipe.execute()
+    total = int(raw_total or 0)
+    lines = [b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in raw_lines]
+    first = total - len(lines)
+    start = max(0, offset - first)
+    return lines[start:], total
+
+
+def log_tail(conn: Redis, job_id: str, lines: int = 200) -> list[str]:
+    raw = conn.lrange(LOG_PREFIX + job_id, -lines, -1)
+    return [b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in raw]

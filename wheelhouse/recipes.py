@@ -1,0 +1,179 @@
+"""Recipes: per-project build knowledge as data (``wheelhouse/recipes/<project>.toml``).
+
+A recipe names the build requirements, the environment the project's ``setup.py`` honours, the
+architectures built by default, and the per-job memory that sizes MAX_JOBS. Environment values
+are ``string.Template`` strings over a fixed set of names (``${archs}``, ``${local_label}``, …),
+so a recipe can't run code. A project without its own recipe builds with ``generic.toml``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from wheelhouse.errors import InvalidRecipe, InvalidVariant
+from wheelhouse.variants import Variant, normalize_arch
+
+BUILTIN_DIR = Path(__file__).parent / "recipes"
+GENERIC = "generic"
+GIB = 1024**3
+
+#: Names a recipe's ``[env]`` values may use.
+TEMPLATE_NAMES = (
+    "archs",  # 80;90  (flash-attn's FLASH_ATTN_CUDA_ARCHS)
+    "torch_cuda_arch_list",  # 8.0;9.0  (torch's TORCH_CUDA_ARCH_LIST)
+    "local_label",  # cu130torch2.14
+    "nvcc_threads",
+    "max_jobs",
+    "cuda",  # 13.0
+    "torch",  # 2.14
+)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    """The recipe's name: the project it is for, or ``generic``."""
+    description: str = ""
+    build_requires: tuple[str, ...] = ()
+    import_check: tuple[str, ...] = ()
+    """Extension modules that must be in the wheel and import in the build venv."""
+    relabel: bool = True
+    """Rewrite the built wheel into the variant's local version (when METADATA lacks it)."""
+    default_archs: tuple[str, ...] = ("80", "90")
+    job_memory_gib: float = 2.0
+    """Peak memory of one compile job per nvcc thread, before any learned figure exists."""
+    nvcc_threads: int = 1
+    env: Mapping[str, str] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def job_memory_bytes(self) -> int:
+        return int(self.job_memory_gib * GIB)
+
+    def archs_for(self, variant: Variant) -> tuple[str, ...]:
+        """The architectures to build: the variant's narrowed set, else the recipe's default."""
+        return variant.archs or self.default_archs
+
+    def environment(self, variant: Variant, *, max_jobs: int) -> dict[str, str]:
+        """The recipe's ``[env]`` with its templates filled in for ``variant``."""
+        archs = self.archs_for(variant)
+        values = {
+            "archs": ";".join(archs),
+            "torch_cuda_arch_list": ";".join(_dotted(a) for a in archs),
+            "local_label": variant.local_label,
+            "nvcc_threads": str(self.nvcc_threads),
+            "max_jobs": str(max_jobs),
+            "cuda": variant.cuda,
+            "torch": variant.torch,
+        }
+        out: dict[str, str] = {}
+        for key, raw in self.env.items():
+            try:
+                out[key] = Template(raw).substitute(values)
+            except (KeyError, ValueError) as exc:
+                raise InvalidRecipe(
+                    f"recipe {self.name}: env {key}={raw!r} uses an unknown or malformed "
+                    f"template ({exc}); known: {', '.join(TEMPLATE_NAMES)}"
+                ) from None
+        return out
+
+
+def _dotted(arch: str) -> str:
+    """``90a`` → ``9.0a``, ``120`` → ``12.0`` (TORCH_CUDA_ARCH_LIST spelling)."""
+    suffix = "a" if arch.endswith("a") else ""
+    digits = arch.rstrip("a")
+    return f"{digits[:-1]}.{digits[-1]}{suffix}"
+
+
+def _strings(name: str, value: Any, path: Path) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidRecipe(f"{path}: {name} must be a list of strings")
+    return tuple(value)
+
+
+def parse_recipe(path: Path) -> Recipe:
+    """Read and validate one recipe file."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise InvalidRecipe(f"{path}: {exc}") from None
+    known = {"project", "description", "build_requires", "import_check", "relabel",
+             "default_archs", "job_memory_gib", "nvcc_threads", "env"}
+    unknown = set(data) - known
+    if unknown:
+        raise InvalidRecipe(f"{path}: unknown keys {sorted(unknown)}")
+    name = data.get("project")
+    if not isinstance(name, str) or not name:
+        raise InvalidRecipe(f"{path}: 'project' is required")
+    env = data.get("env", {})
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise InvalidRecipe(f"{path}: [env] must map names to strings")
+    try:
+        archs = tuple(normalize_arch(a) for a in _strings(
+            "default_archs", data.get("default_archs", ["80", "90"]), path))
+    except InvalidVariant as exc:
+        raise InvalidRecipe(f"{path}: {exc}") from None
+    memory = data.get("job_memory_gib", 2.0)
+    threads = data.get("nvcc_threads", 1)
+    if not isinstance(memory, int | float) or memory <= 0:
+        raise InvalidRecipe(f"{path}: job_memory_gib must be a positive number")
+    if not isinstance(threads, int) or not 1 <= threads <= 64:
+        raise InvalidRecipe(f"{path}: nvcc_threads must be an integer from 1 to 64")
+    relabel = data.get("relabel", True)
+    if not isinstance(relabel, bool):
+        raise InvalidRecipe(f"{path}: relabel must be true or false")
+    recipe = Recipe(
+        name=canonicalize_name(name) if name != GENERIC else GENERIC,
+        description=str(data.get("description", "")),
+        build_requires=_strings("build_requires", data.get("build_requires", []), path),
+        import_check=_strings("import_check", data.get("import_check", []), path),
+        relabel=relabel,
+        default_archs=archs,
+        job_memory_gib=float(memory),
+        nvcc_threads=threads,
+        env=dict(env),
+        path=path,
+    )
+    # Fail at load time, not mid-build, on a template typo.
+    recipe.environment(Variant.of("2.8", "12.8"), max_jobs=1)
+    return recipe
+
+
+def _search_path(extra_dirs: Iterable[Path | str]) -> list[Path]:
+    return [*(Path(d) for d in extra_dirs if str(d)), BUILTIN_DIR]
+
+
+def available_recipes(extra_dirs: Iterable[Path | str] = ()) -> dict[str, Recipe]:
+    """Every recipe by name; files in ``extra_dirs`` win over the built-in ones."""
+    found: dict[str, Recipe] = {}
+    for directory in reversed(_search_path(extra_dirs)):
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob("*.toml")):
+            recipe = parse_recipe(path)
+            found[recipe.name] = recipe
+    return found
+
+
+def load_recipe(project: str, extra_dirs: Iterable[Path | str] = ()) -> Recipe:
+    """The recipe for ``project``, or the generic one."""
+    recipes = available_recipes(extra_dirs)
+    name = canonicalize_name(project)
+    if name in recipes:
+        return recipes[name]
+    if GENERIC not in recipes:
+        raise InvalidRecipe("no generic recipe found")
+    return recipes[GENERIC]
+
+
+def recipe_projects(extra_dirs: Iterable[Path | str] = ()) -> list[str]:
+    """Projects with a recipe of their own (what the request form offers)."""
+    return sorted(n for n in available_recipes(extra_dirs) if n != GENERIC)
