@@ -103,6 +103,8 @@ class CoreMetadata:
 
 def parse_metadata(data: bytes) -> CoreMetadata:
     msg = BytesParser().parsebytes(data, headersonly=True)
+    if not msg["Name"]:
+        raise InvalidWheel("METADATA is malformed: it has no Name")
     try:
         return CoreMetadata(
             name=str(msg["Name"]),
