@@ -225,6 +225,24 @@ def _cgroup_kill(path: Path) -> bool:
     return True
 
 
+def _cgroup_freeze(path: Path, frozen: bool, timeout: float = 0.5) -> bool:
+    """Freeze (or thaw) a cgroup, so a fast forker can't outrun a scan; wait until it's done."""
+    try:
+        (path / "cgroup.freeze").write_text("1" if frozen else "0")
+    except OSError:
+        return False
+    end = time.monotonic() + timeout
+    want = f"frozen {int(frozen)}"
+    while time.monotonic() < end:
+        try:
+            if want in (path / "cgroup.events").read_text().splitlines():
+                return True
+        except OSError:
+            return False
+        time.sleep(0.005)
+    return False
+
+
 def _cgroup_remove(path: Path, timeout: float = 2.0) -> bool:
     """rmdir a cgroup; it stays busy for a moment after its last process dies."""
     end = time.monotonic() + timeout
@@ -318,17 +336,23 @@ def _kill_loop(
                 break
             time.sleep(0.05)
             procs = live()
-    procs = live()
-    while procs and time.monotonic() < end:
+    while time.monotonic() < end:
+        if cgroup is not None:
+            # Frozen, the cgroup's member list is exact: every process is counted and killed.
+            _cgroup_freeze(cgroup, True)
+        procs = live()
+        if not procs:
+            break
         if "SIGKILL" not in signals:
             signals.append("SIGKILL")
-        if cgroup is not None:
-            _cgroup_kill(cgroup)
         for key in procs:
             if _signal(key[0], signal.SIGKILL):
                 signalled.add(key)
+        if cgroup is not None:
+            _cgroup_kill(cgroup)
         time.sleep(0.02)
-        procs = live()
+    if cgroup is not None:
+        _cgroup_freeze(cgroup, False, timeout=0)
     return ReapReport(
         processes=len(signalled), signals=signals,
         seconds=round(time.monotonic() - start, 3), survivors=len(procs),
