@@ -81,11 +81,11 @@ def make_wheel(
     writer.writerow((f"{info}/RECORD", "", ""))
     files[f"{info}/RECORD"] = record.getvalue().encode()
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / filename
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    wheel = directory / filename
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for arc, data in files.items():
             zf.writestr(arc, data)
-    return path
+    return wheel
 
 
 def make_venv(path: Path, python: str | None = None) -> Path:

@@ -1,0 +1,127 @@
+"""File downloads: integrity, caching headers, HEAD, ranges, and names that must not resolve."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+
+from tests.helpers import make_wheel
+from tests.web.conftest import VARIANT
+from wheelhouse.catalog import Record, wheel_key
+from wheelhouse.config import Config
+from wheelhouse.storage import open_storage
+from wheelhouse.variants import parse_variant
+
+
+def _url(r: Record) -> str:
+    return f"/files/{VARIANT}/{r.project}/{r.filename}"
+
+
+def test_download_matches_record(client: FlaskClient, published: list[Record]) -> None:
+    r = published[0]
+    resp = client.get(_url(r))
+    assert resp.status_code == 200
+    assert hashlib.sha256(resp.data).hexdigest() == r.sha256
+    assert resp.headers["Content-Length"] == str(r.size)
+    assert resp.headers["Accept-Ranges"] == "bytes"
+    assert resp.headers["ETag"] == f'"{r.sha256}"'
+    assert resp.headers["Cache-Control"] == "max-age=31536000, immutable, public"
+
+
+def test_metadata_file(client: FlaskClient, published: list[Record]) -> None:
+    r = published[0]
+    resp = client.get(_url(r) + ".metadata")
+    assert resp.status_code == 200
+    assert hashlib.sha256(resp.data).hexdigest() == r.metadata_sha256
+    assert resp.data.startswith(b"Metadata-Version:")
+    assert b"Version: 1.0+cu128torch2.8" in resp.data
+
+
+def test_head_has_length_and_no_body(client: FlaskClient, published: list[Record]) -> None:
+    r = published[0]
+    resp = client.head(_url(r))
+    assert resp.status_code == 200
+    assert resp.headers["Content-Length"] == str(r.size)
+    assert resp.data == b""
+
+
+@pytest.mark.parametrize(
+    ("header", "status", "span"),
+    [
+        ("bytes=0-99", 206, (0, 100)),
+        ("bytes=100-", 206, (100, None)),
+        ("bytes=-50", 206, (-50, None)),
+        ("bytes=0-0", 206, (0, 1)),
+        ("bytes=0-999999999", 206, (0, None)),  # clamped to the end
+        ("bytes=999999999-", 416, None),
+        ("bytes=5-2", 200, (0, None)),  # malformed: ignored, whole file
+        ("bytes=0-1,5-6", 200, (0, None)),  # multipart ranges: served whole
+        ("items=0-1", 200, (0, None)),
+    ],
+)
+def test_ranges(client: FlaskClient, published: list[Record], header: str, status: int,
+                span: tuple[int, int | None] | None) -> None:
+    r = published[0]
+    whole = client.get(_url(r)).data
+    resp = client.get(_url(r), headers={"Range": header})
+    assert resp.status_code == status, resp.data[:200]
+    if status == 416:
+        assert resp.headers["Content-Range"] == f"bytes */{r.size}"
+        return
+    assert span is not None
+    expected = whole[span[0]:span[1]] if span[0] >= 0 else whole[span[0]:]
+    assert resp.data == expected
+    assert resp.headers["Content-Length"] == str(len(expected))
+    if status == 206:
+        start = span[0] if span[0] >= 0 else r.size + span[0]
+        end = start + len(expected) - 1
+        assert resp.headers["Content-Range"] == f"bytes {start}-{end}/{r.size}"
+
+
+def test_if_range_mismatch_serves_whole_file(client: FlaskClient, published: list[Record]) -> None:
+    r = published[0]
+    resp = client.get(_url(r), headers={"Range": "bytes=0-9", "If-Range": '"stale"'})
+    assert resp.status_code == 200
+    assert len(resp.data) == r.size
+
+
+def test_304_on_matching_etag(client: FlaskClient, published: list[Record]) -> None:
+    r = published[0]
+    resp = client.get(_url(r), headers={"If-None-Match": f'"{r.sha256}"'})
+    assert resp.status_code == 304
+
+
+def test_unpublished_wheel_is_not_served(app_config: Config, client: FlaskClient,
+                                         published: list[Record], tmp_path: Path) -> None:
+    """A wheel whose record was never written (an interrupted publish) does not exist."""
+    base = parse_variant(VARIANT)
+    w = make_wheel(tmp_path / "p", "demo-ext", "9.9+cu128torch2.8")
+    open_storage(app_config).put_file(wheel_key(base, "demo-ext", w.name), w)
+    assert client.get(f"/files/{VARIANT}/demo-ext/{w.name}").status_code == 404
+    page = client.get(f"/{VARIANT}/simple/demo-ext/").get_data(as_text=True)
+    assert w.name not in page
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/files/torch2.8-cu128/demo-ext/..%2F..%2Fgeneration",
+        "/files/torch2.8-cu128/demo-ext/%2e%2e",
+        "/files/torch2.8-cu128/demo-ext/../../generation",
+        "/files/torch2.8-cu128/..%2Frecords/x.whl",
+        "/files/torch2.8-cu128/demo-ext/demo_ext-1.0.tar.gz",
+        "/files/torch2.8-cu128/demo-ext/" + "a" * 4000 + ".whl",
+        "/files/torch2.8-cu128/Demo_Ext/demo_ext-1.0+cu128torch2.8-cp311-cp311-linux_x86_64.whl",
+        "/files/torch2.8-cu128-sm90/demo-ext/demo_ext-1.0+cu128torch2.8-cp311-cp311-linux_x86_64.whl",
+        "/files/torch2.8-cu128/other/demo_ext-1.0+cu128torch2.8-cp311-cp311-linux_x86_64.whl",
+        "/files/nope/demo-ext/x.whl",
+        "/files/torch2.8-cu128/demo-ext/demo_ext-1.0+cu128torch2.8-cp311-cp311-linux_x86_64.whl.json",
+    ],
+)
+def test_hostile_file_names(client: FlaskClient, published: list[Record], path: str) -> None:
+    resp = client.get(path)
+    assert 400 <= resp.status_code < 500, (path, resp.status_code)
+    assert b"Traceback" not in resp.data
