@@ -256,8 +256,11 @@ class S3Storage(Storage):
                 Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{stop - 1}"
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
                 raise FileNotFoundError(key) from None
+            if code == "InvalidRange":
+                return  # start at or past the end: nothing, as a local file gives
             raise
         body = obj["Body"]
         try:
