@@ -12,11 +12,15 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from dataclasses import dataclass
 
 import psutil
 
 from worker.reaper import BuildProcess
+
+HORIZON = 1.0
+"""Seconds ahead the governor projects the running jobs' growth (two ticks at 2 Hz)."""
 
 
 @dataclass
@@ -25,6 +29,8 @@ class _Job:
     started: float
     peak: int = 0
     rss: int = 0
+    rate: float = 0.0
+    """Recent growth in bytes per second (0 while shrinking)."""
     paused: bool = False
     alive: bool = True
 
@@ -35,6 +41,12 @@ class MemoryGovernor:
     ``budget_bytes`` replaces the host's available memory by an artificial budget (tests and the
     bench): then "available" is the budget minus the tree's RSS. Call ``tick`` about twice a
     second (``BuildProcess.wait(on_tick=governor.tick)``).
+
+    Pausing: while the available memory, less what the running jobs will grow by within
+    ``HORIZON`` seconds at their recent rate, is below ``low_watermark``, the youngest running
+    job is paused (never the last one). Resuming: one job per tick, the oldest paused one, when
+    available memory is above ``high_watermark`` and still above ``low_watermark`` after the job
+    grows to the typical peak of the jobs that already finished; or at once when no job runs.
     """
 
     def __init__(
@@ -53,6 +65,7 @@ class MemoryGovernor:
         self.min_available: int | None = None
         """Lowest available memory seen (bytes); with a budget, negative means it was exceeded."""
         self._jobs: dict[tuple[int, float], _Job] = {}
+        self._last_tick: float | None = None
 
     @property
     def job_peaks(self) -> list[int]:
@@ -68,8 +81,11 @@ class MemoryGovernor:
             return self.budget_bytes - tree_rss
         return int(psutil.virtual_memory().available)
 
-    def tick(self) -> None:
-        """Measure once, then pause or resume at most one job."""
+    def _measure(self) -> int:
+        """Update every job's RSS, peak and growth rate; return the tree's RSS."""
+        now = time.monotonic()
+        elapsed = None if self._last_tick is None else max(now - self._last_tick, 0.01)
+        self._last_tick = now
         build_pgid = self.build.pid
         tree_rss = 0
         group_rss: dict[int, int] = {}
@@ -88,31 +104,51 @@ class MemoryGovernor:
                 if pgid == proc.pid:
                     leaders[pgid] = ctime
         self.peak_tree_rss = max(self.peak_tree_rss, tree_rss)
-
-        live_keys = set()
+        for job in self._jobs.values():
+            job.alive = False
         for pgid, started in leaders.items():
-            key = (pgid, started)
-            live_keys.add(key)
-            job = self._jobs.setdefault(key, _Job(pgid=pgid, started=started))
-            job.rss = group_rss.get(pgid, 0)
-            job.peak = max(job.peak, job.rss)
-        for key, job in self._jobs.items():
-            job.alive = key in live_keys
+            job = self._jobs.setdefault((pgid, started), _Job(pgid=pgid, started=started))
+            rss = group_rss.get(pgid, 0)
+            if elapsed is not None and job.rss:
+                job.rate = max(0.0, (rss - job.rss) / elapsed)
+            job.rss = rss
+            job.peak = max(job.peak, rss)
+            job.alive = True
+        return tree_rss
 
-        available = self.available(tree_rss)
+    def _typical_peak(self) -> int:
+        finished = [job.peak for job in self._jobs.values() if not job.alive]
+        return max(finished, default=0)
+
+    def tick(self) -> None:
+        """Measure once, then pause jobs under pressure, or resume at most one."""
+        available = self.available(self._measure())
         if self.min_available is None or available < self.min_available:
             self.min_available = available
         live = [job for job in self._jobs.values() if job.alive]
         running = sorted((j for j in live if not j.paused), key=lambda j: j.started)
         paused = sorted((j for j in live if j.paused), key=lambda j: j.started)
-        if available < self.low_watermark and len(running) > 1:
-            self._pause(running[-1])  # the youngest has made the least progress
-        elif paused and (available > self.high_watermark or not running):
-            self._resume(paused[0])  # the oldest is closest to finishing
+
+        def projected() -> float:
+            return available - HORIZON * sum(job.rate for job in running)
+
+        paused_now = False
+        while len(running) > 1 and projected() < self.low_watermark:
+            youngest = running.pop()  # the youngest has made the least progress
+            self._pause(youngest)
+            paused_now = True
+        if paused_now or not paused:
+            return
+        oldest = paused[0]  # the oldest is closest to finishing
+        growth = max(0, self._typical_peak() - oldest.rss)
+        if not running or (available > self.high_watermark
+                           and available - growth > self.low_watermark):
+            self._resume(oldest)
 
     def _pause(self, job: _Job) -> None:
         if _killpg(job.pgid, signal.SIGSTOP):
             job.paused = True
+            job.rate = 0.0
             self.pauses += 1
 
     def _resume(self, job: _Job) -> None:

@@ -1,0 +1,160 @@
+"""The memory governor pauses the youngest compile jobs under pressure and resumes them later.
+
+"Compile jobs" are memory hogs, each in its own process group as ninja starts them; the
+pressure comes from an artificial budget. The assertions look at the processes' states.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from worker.governor import MemoryGovernor, was_oom_killed
+from worker.reaper import BuildProcess
+
+HOSTILE = Path(__file__).resolve().parent / "hostile"
+MiB = 1 << 20
+
+
+@pytest.fixture
+def builds() -> Iterator[list[BuildProcess]]:
+    started: list[BuildProcess] = []
+    try:
+        yield started
+    finally:
+        for build in started:  # only the trees these tests started
+            build.kill_tree(grace=0)
+            build.close()
+
+
+def _hog_build(tmp_path: Path, builds: list[BuildProcess], *args: str) -> BuildProcess:
+    build = BuildProcess.start(
+        [sys.executable, str(HOSTILE / "hog_jobs.py"), *args],
+        build_id=f"test-{os.getpid()}-hogs-{len(builds)}", env=dict(os.environ), cwd=tmp_path,
+        log_path=tmp_path / "build.log",
+    )
+    builds.append(build)
+    return build
+
+
+class JobStates:
+    """After each governor tick: how many compile jobs run and how many are stopped."""
+
+    def __init__(self, build: BuildProcess, governor: MemoryGovernor) -> None:
+        self.build = build
+        self.governor = governor
+        self.samples: list[tuple[int, int]] = []
+
+    def tick(self) -> None:
+        self.governor.tick()
+        running = stopped = 0
+        for proc in self.build.processes():
+            try:
+                if proc.pid != os.getpgid(proc.pid) or proc.pid == self.build.pid:
+                    continue  # not a job leader
+                if proc.status() == psutil.STATUS_STOPPED:
+                    stopped += 1
+                else:
+                    running += 1
+            except (psutil.Error, OSError):
+                continue
+        if running or stopped:
+            self.samples.append((running, stopped))
+
+
+def test_hogs_are_paused_and_resumed_and_the_build_completes(
+    tmp_path: Path, builds: list[BuildProcess],
+) -> None:
+    # Four jobs of 200 MiB each want ~850 MiB with their interpreters; the budget is 600 MiB.
+    build = _hog_build(tmp_path, builds, "4", "200", "2", "0.3")
+    budget = 600 * MiB
+    governor = MemoryGovernor(build, budget_bytes=budget, low_watermark=150 * MiB,
+                              high_watermark=250 * MiB)
+    states = JobStates(build, governor)
+
+    outcome = build.wait(deadline=time.monotonic() + 40, on_tick=states.tick, tick=0.1)
+
+    log = (tmp_path / "build.log").read_text()
+    assert outcome.returncode == 0, log  # every job exited 0: none was killed
+    assert not outcome.timed_out and outcome.reap is None
+    assert governor.pauses >= 1 and governor.resumes == governor.pauses
+    assert max(stopped for _, stopped in states.samples) >= 1  # seen SIGSTOPped, by psutil
+    assert all(running >= 1 for running, _ in states.samples)  # never the last running one
+    assert governor.peak_tree_rss <= budget
+    assert governor.min_available is not None and governor.min_available >= 0
+    assert len(governor.job_peaks) == 4
+    assert all(peak >= 200 * MiB for peak in governor.job_peaks)
+
+
+def test_a_paused_build_still_obeys_its_deadline(
+    tmp_path: Path, builds: list[BuildProcess],
+) -> None:
+    # Always under pressure: every job but one is paused, and they never finish.
+    build = _hog_build(tmp_path, builds, "3", "10", "0", "1000")
+    governor = MemoryGovernor(build, budget_bytes=1, low_watermark=0, high_watermark=0)
+    states = JobStates(build, governor)
+    deadline = time.monotonic() + 30
+
+    def paused_two() -> bool:
+        return bool(states.samples) and states.samples[-1] == (1, 2)
+
+    outcome = build.wait(deadline=deadline, should_cancel=paused_two, on_tick=states.tick,
+                         tick=0.1, grace=0.5)
+
+    assert outcome.cancelled, "two of three jobs should have been paused"
+    assert all(running == 1 for running, _ in states.samples[1:])
+    assert outcome.reap is not None and outcome.reap.survivors == 0
+    assert build.processes() == []
+    assert governor.pauses == 2
+
+
+def test_resume_all_continues_every_paused_job(
+    tmp_path: Path, builds: list[BuildProcess],
+) -> None:
+    build = _hog_build(tmp_path, builds, "3", "10", "0", "1000")
+    governor = MemoryGovernor(build, budget_bytes=1, low_watermark=0, high_watermark=0)
+    for _ in range(50):
+        governor.tick()
+        if governor.paused_jobs == 2:
+            break
+        time.sleep(0.1)
+    assert governor.paused_jobs == 2
+
+    governor.resume_all()
+
+    time.sleep(0.1)
+    leaders = [p for p in build.processes() if p.pid == os.getpgid(p.pid) != build.pid]
+    assert len(leaders) == 3
+    assert all(p.status() != psutil.STATUS_STOPPED for p in leaders)
+    assert governor.paused_jobs == 0
+
+
+@pytest.mark.parametrize(
+    ("returncode", "log_tail", "oom_events", "expected"),
+    [
+        (0, "Killed signal terminated program cc1plus", 0, False),
+        (1, "g++: fatal error: Killed signal terminated program cc1plus", 0, True),
+        (1, "nvcc error   : 'cicc' died due to signal 9 (Kill signal)", 0, True),
+        (1, "cc1plus: out of memory allocating 65536 bytes", 0, True),
+        (-signal.SIGKILL, "", 0, True),
+        (137, "", 0, True),
+        (1, "error: identifier \"std::strong_ordering\" is undefined", 0, False),
+        (1, "ninja: build stopped: subcommand failed.", 1, True),
+        (2, "ninja: build stopped: subcommand failed.", 0, False),
+    ],
+)
+def test_was_oom_killed(returncode: int, log_tail: str, oom_events: int, expected: bool) -> None:
+    assert was_oom_killed(returncode, log_tail, oom_kill_events=oom_events) is expected
+
+
+def test_watermarks_must_be_ordered(tmp_path: Path, builds: list[BuildProcess]) -> None:
+    build = _hog_build(tmp_path, builds, "0", "1", "0", "0")
+    with pytest.raises(ValueError, match="high_watermark"):
+        MemoryGovernor(build, low_watermark=2, high_watermark=1)
