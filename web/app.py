@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from flask import Flask, current_app
 
@@ -11,6 +12,12 @@ from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.upstream import Router
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+#: Modules under ``web`` whose ``bp`` blueprint the app serves, in registration order.
+BLUEPRINTS = ("home", "simple", "files", "ops")
 
 
 @dataclass
@@ -21,6 +28,7 @@ class Services:
     storage: Storage
     catalog: Catalog
     router: Router
+    redis: Redis | None
 
 
 def services() -> Services:
@@ -31,18 +39,26 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     """Build the WSGI application; gunicorn runs ``web:create_app()``."""
     config = config or Config.from_env()
     app = Flask(__name__)
-    app.config["JSON_SORT_KEYS"] = False
     store = storage if storage is not None else open_storage(config)
+    redis_conn = None
+    if config.redis_url:
+        from redis import Redis
+
+        # Short timeouts: a page must not hang because the queue is down.
+        redis_conn = Redis.from_url(config.redis_url, socket_timeout=2, socket_connect_timeout=2)
     app.extensions["wheelhouse"] = Services(
         config=config,
         storage=store,
         catalog=Catalog(store, config.catalog_refresh_seconds),
         router=Router(config.upstream, config.upstream_rules),
+        redis=redis_conn,
     )
-    from web import errors, files, home, simple
+    from web import errors
 
     errors.register(app)
-    app.register_blueprint(home.bp)
-    app.register_blueprint(simple.bp)
-    app.register_blueprint(files.bp)
+    for name in BLUEPRINTS:
+        module = importlib.import_module(f"web.{name}")
+        app.register_blueprint(module.bp)
+        if hasattr(module, "init_app"):
+            module.init_app(app)
     return app
