@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from typing import Any
 
 import click
@@ -33,6 +36,21 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 @click.option("--access-log/--no-access-log", default=True, show_default=True)
 def serve(host: str, port: int, workers: int, threads: int, access_log: bool) -> None:
     """Serve the index (and web pages) from the configured storage."""
+    with contextlib.ExitStack() as stack:
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # Must be set before prometheus_client is imported, in every gunicorn worker.
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="wheelhouse-metrics-"))
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tmp
+        _serve(host, port, workers, threads, access_log)
+
+
+def _child_exit(_server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+def _serve(host: str, port: int, workers: int, threads: int, access_log: bool) -> None:
     from web import create_app
 
     config = Config.from_env()
@@ -48,6 +66,7 @@ def serve(host: str, port: int, workers: int, threads: int, access_log: bool) ->
         "timeout": 120,
         # gunicorn 27 otherwise leaves a control socket in ~/.gunicorn behind.
         "control_socket_disable": True,
+        "child_exit": _child_exit,
     }
     click.echo(f"wheelhouse: serving {config.storage} on http://{host}:{port}/", err=True)
     _Gunicorn(app, options).run()

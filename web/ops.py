@@ -1,22 +1,26 @@
-"""Operating endpoints: liveness, readiness and Prometheus metrics."""
+"""Operating endpoints and hooks: liveness, readiness, metrics, request ids and JSON logs."""
 
 from __future__ import annotations
 
-from flask import Blueprint, Flask, Response, jsonify
+import json
+import logging
+import time
+import uuid
+from typing import Any
 
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
+
+from web import metrics
 from web.app import services
 
 bp = Blueprint("ops", __name__)
+access_log = logging.getLogger("wheelhouse.access")
 
 
 @bp.get("/healthz")
 def healthz() -> Response:
     """The process is alive and serving; touches nothing else."""
     return Response("ok\n", mimetype="text/plain", headers={"Cache-Control": "no-store"})
-
-
-def init_app(app: Flask) -> None:
-    """Placeholder for per-app hooks (metrics, request ids)."""
 
 
 @bp.get("/readyz")
@@ -44,3 +48,57 @@ def readyz() -> Response:
     resp.status_code = 200 if ok else 503
     resp.headers["Cache-Control"] = "no-store"
     return resp
+
+
+@bp.get("/metrics")
+def prometheus() -> Response:
+    return metrics.render(services(), current_app.extensions["wheelhouse_metrics"])
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        data.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
+def init_app(app: Flask) -> None:
+    svc = app.extensions["wheelhouse"]
+    metrics.init_app(app, svc)
+
+    @app.before_request
+    def _request_id() -> None:
+        incoming = request.headers.get("X-Request-ID", "")
+        # Accept a caller's id only if it is short and plain; never echo arbitrary bytes.
+        ok = 0 < len(incoming) <= 64 and incoming.replace("-", "").isalnum()
+        g.request_id = incoming if ok else uuid.uuid4().hex
+        g.t0 = time.monotonic()
+
+    @app.after_request
+    def _log(resp: Response) -> Response:
+        resp.headers["X-Request-ID"] = g.get("request_id", "")
+        if svc.config.log_json:
+            access_log.info("request", extra={"fields": {
+                "request_id": g.get("request_id"), "method": request.method,
+                "path": request.path, "status": resp.status_code,
+                "bytes": resp.content_length,
+                "ms": round((time.monotonic() - g.get("t0", time.monotonic())) * 1000, 2),
+                "user_agent": request.headers.get("User-Agent", "")[:200],
+            }})
+        return resp
+
+    if svc.config.log_json and not access_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        access_log.addHandler(handler)
+        access_log.setLevel(logging.INFO)
+        access_log.propagate = False

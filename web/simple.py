@@ -17,6 +17,7 @@ from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from web.app import services
+from web.metrics import PAGE_CACHE
 from wheelhouse.catalog import Record
 from wheelhouse.errors import InvalidProjectName
 from wheelhouse.variants import Variant, parse_variant
@@ -114,7 +115,9 @@ _Key = tuple[str, str, str, str]
 def _cached(kind: str, variant: Variant, project: str, fmt: str) -> tuple[str, _Key, Page | None]:
     generation = services().catalog.generation
     key = (request.script_root + kind, variant.key, project, fmt)
-    return generation, key, _cache().get(generation, key)
+    page = _cache().get(generation, key)
+    PAGE_CACHE.labels("hit" if page is not None else "miss").inc()
+    return generation, key, page
 
 
 @bp.get("/<variant_key>/simple/")
