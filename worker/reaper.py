@@ -501,8 +501,19 @@ class BuildProcess:
         """Wait for the main process; on deadline (``time.monotonic()``) or cancel, kill the tree.
 
         After a normal exit, stray processes of the build are killed too: a finished build
-        must not leave compilers behind.
+        must not leave compilers behind. If anything interrupts the wait (an exception from a
+        callback, RQ's job timeout, KeyboardInterrupt), the tree is killed before it propagates.
         """
+        try:
+            return self._wait(deadline, should_cancel, on_tick, tick, grace)
+        except BaseException:
+            self._finish_kill(grace)
+            raise
+
+    def _wait(
+        self, deadline: float | None, should_cancel: Callable[[], bool] | None,
+        on_tick: Callable[[], None] | None, tick: float, grace: float,
+    ) -> Outcome:
         while True:
             if self._popen.poll() is not None:
                 break
@@ -541,6 +552,8 @@ class BuildProcess:
         report = _kill_loop(self._find, grace=grace, cgroup=self.cgroup, reap=self._reap)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._popen.wait(timeout=1.0)
+        if self._popen.returncode is not None and report.survivors == 0:
+            self.close()
         return report
 
     def close(self) -> None:

@@ -188,9 +188,11 @@ def test_timeout_kills_the_whole_hostile_tree_and_spares_neighbours(
 ) -> None:
     neighbour, neighbour_pids = trees.build("neighbour", use_cgroup=use_cgroup)
     unrelated = trees.unrelated_nvcc()
-    hostile, hostile_pids = trees.build("hostile", use_cgroup=use_cgroup)
+    hostile, hostile_pids = trees.build("hostile", use_cgroup=use_cgroup,
+                                        extra_env={"HOSTILE_HOG_MB": "50"})
     assert (hostile.cgroup is not None) == use_cgroup
-    _wait_for(lambda: _tree_ready(hostile_pids) and _tree_ready(neighbour_pids))
+    _wait_for(lambda: _tree_ready(hostile_pids, TREE_ROLES | {"hog"})
+              and _tree_ready(neighbour_pids))
     assert "nvcc" in {psutil.Process(pid).name() for pid in _recorded(hostile_pids)
                       if _recorded(hostile_pids)[pid][0] == "nvcc"}
 
@@ -311,3 +313,24 @@ def test_sweep_orphans_of_a_sigkilled_worker(trees: Trees) -> None:
     assert unrelated.poll() is None
     assert neighbour.poll() is None
     assert _dead(neighbour_pids) == []
+
+
+def test_an_exception_during_wait_kills_the_tree(trees: Trees) -> None:
+    """E.g. RQ's job timeout fires inside the horse while the build runs."""
+    build, pid_dir = trees.build("interrupted")
+    cgroup = build.cgroup
+    _wait_for(lambda: _tree_ready(pid_dir))
+
+    class JobTimeout(Exception):
+        pass
+
+    def on_tick() -> None:
+        raise JobTimeout
+
+    with pytest.raises(JobTimeout):
+        build.wait(deadline=None, on_tick=on_tick, grace=0.2)
+
+    assert _survivors(pid_dir) == []
+    assert build.poll() is not None
+    if cgroup is not None:
+        assert not cgroup.exists()
