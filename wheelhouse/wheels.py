@@ -195,7 +195,15 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
                 writer = csv.writer(buf, lineterminator="\n")
                 writer.writerows(records)
                 writer.writerow((f"{new_info}/RECORD", "", ""))
-                out.writestr(f"{new_info}/RECORD", buf.getvalue())
+                # Dated like the rest of the wheel, not "now": relabelling the same wheel
+                # twice must give the same bytes, or republishing it is refused as different.
+                record_info = zipfile.ZipInfo(
+                    f"{new_info}/RECORD",
+                    date_time=max(i.date_time for i in src.infolist()),
+                )
+                record_info.external_attr = 0o644 << 16
+                record_info.compress_type = zipfile.ZIP_DEFLATED
+                out.writestr(record_info, buf.getvalue())
             shutil.move(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
