@@ -1,0 +1,284 @@
+"""Publishing into both storages: validation, idempotency, immutability, write order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import make_wheel
+from tests.wheelhouse.test_wheels import assert_record_matches
+from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
+from wheelhouse.errors import AlreadyPublished, InvalidWheel, VersionMismatch
+from wheelhouse.publish import publish
+from wheelhouse.storage import ObjectInfo, Storage
+from wheelhouse.variants import Variant, parse_variant
+from wheelhouse.wheels import read_metadata, sha256_file
+
+V = parse_variant("torch2.8-cu128")
+V_SM90 = parse_variant("torch2.8-cu128-sm90")
+TAG = "cp312-cp312-linux_x86_64"
+
+
+def _keys(storage: Storage) -> set[str]:
+    return {o.key for o in storage.list("")}
+
+
+def test_publish_writes_wheel_metadata_record_and_generation(
+    storage: Storage, tmp_path: Path
+) -> None:
+    path = make_wheel(tmp_path, "flash-attn", "2.8.3+cu128torch2.8", tag=TAG,
+                      requires=["torch", "einops"], requires_python=">=3.9")
+    record = publish(storage, path, V, build={"builder": "test", "seconds": 1.5})
+
+    assert record.filename == path.name
+    assert record.project == "flash-attn"
+    assert record.version == "2.8.3+cu128torch2.8"
+    assert record.variant == "torch2.8-cu128"
+    assert record.archs is None
+    assert record.sha256 == sha256_file(path)
+    assert record.size == path.stat().st_size
+    assert record.metadata_sha256 == hashlib.sha256(read_metadata(path)).hexdigest()
+    assert record.requires_python == ">=3.9"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record.upload_time)
+    assert record.yanked is False
+    assert record.build == {"builder": "test", "seconds": 1.5}
+
+    wkey = wheel_key(V, "flash-attn", path.name)
+    rkey = record_key(V, "flash-attn", path.name)
+    assert wkey == f"wheels/torch2.8-cu128/flash-attn/{path.name}"
+    assert record.wheel_key == wkey and record.metadata_key == wkey + ".metadata"
+    assert _keys(storage) == {wkey, wkey + ".metadata", rkey, GENERATION_KEY}
+    assert storage.get_bytes(wkey) == path.read_bytes()
+    assert storage.get_bytes(wkey + ".metadata") == read_metadata(path)
+    assert Record.from_json(storage.get_bytes(rkey)) == record
+    assert len(storage.get_bytes(GENERATION_KEY)) == 32
+
+
+def test_publish_is_idempotent_for_identical_bytes(storage: Storage, tmp_path: Path) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    first = publish(storage, path, V)
+    generation = storage.get_bytes(GENERATION_KEY)
+    again = publish(storage, path, V)
+    assert again == first  # the existing record, upload time included
+    assert storage.get_bytes(GENERATION_KEY) == generation  # nothing changed, nothing to tell
+
+
+def test_publish_refuses_different_bytes_under_a_published_name(
+    storage: Storage, tmp_path: Path
+) -> None:
+    original = make_wheel(tmp_path / "a", "pkg", "1.0+cu128torch2.8", payload=b"original")
+    record = publish(storage, original, V)
+    other = make_wheel(tmp_path / "b", "pkg", "1.0+cu128torch2.8", payload=b"something else")
+    assert other.name == original.name
+    with pytest.raises(AlreadyPublished, match="immutable") as exc:
+        publish(storage, other, V)
+    assert isinstance(exc.value, FileExistsError)
+    assert storage.get_bytes(record.wheel_key) == original.read_bytes()
+    assert Record.from_json(storage.get_bytes(record_key(V, "pkg", original.name))) == record
+
+
+@pytest.mark.parametrize(("version", "variant", "hint"), [
+    ("1.0", "torch2.8-cu128", None),
+    ("1.0+local", "torch2.8-cu128", None),
+    ("1.0+cu126torch2.7", "torch2.8-cu128", "torch2.7-cu126"),
+    ("1.0+cu128torch2.8", "torch2.8-cu128-sm90", "torch2.8-cu128"),
+    ("1.0+cu128torch2.8.sm90", "torch2.8-cu128", "torch2.8-cu128-sm90"),
+    ("1.0+cu128torch2.8.cxx11abi0", "torch2.8-cu128", "torch2.8-cu128-cxx11abi0"),
+])
+def test_publish_refuses_wheels_without_the_variant_label(
+    storage: Storage, tmp_path: Path, version: str, variant: str, hint: str | None
+) -> None:
+    path = make_wheel(tmp_path, "pkg", version)
+    with pytest.raises(InvalidWheel, match="--relabel") as exc:
+        publish(storage, path, parse_variant(variant))
+    if hint:
+        assert f"labelled for {hint})" in str(exc.value)
+    else:
+        assert "labelled for" not in str(exc.value)
+    assert _keys(storage) == set()
+
+
+@pytest.mark.parametrize(("version", "metadata_version"), [
+    ("1.0", None),
+    ("1.0+local", None),
+    ("1.0+cu126torch2.7", None),
+    ("1.0+cu12torch2.8cxx11abiTRUE", "1.0"),   # the upstream flash-attn defect
+    ("1.0+cu128torch2.8", "1.0"),              # ... renamed, with METADATA still unlabelled
+    ("1.0+cu128torch2.8", "1.0+cu126torch2.7"),
+])
+def test_publish_relabels(
+    storage: Storage, tmp_path: Path, version: str, metadata_version: str | None
+) -> None:
+    path = make_wheel(tmp_path / "src", "pkg", version, metadata_version=metadata_version)
+    record = publish(storage, path, V, relabel_wheel=True)
+    assert record.filename == "pkg-1.0+cu128torch2.8-py3-none-any.whl"
+    assert record.version == "1.0+cu128torch2.8"
+    stored = tmp_path / record.filename
+    storage.download(record.wheel_key, stored)
+    assert_record_matches(stored)
+    assert b"Version: 1.0+cu128torch2.8\n" in storage.get_bytes(record.metadata_key)
+    assert record.sha256 == sha256_file(stored)
+    # Relabelling is deterministic: the same source publishes as the same file again.
+    assert publish(storage, path, V, relabel_wheel=True) == record
+
+
+def test_publish_refuses_the_flash_attn_defect_without_relabel(
+    storage: Storage, tmp_path: Path
+) -> None:
+    path = make_wheel(tmp_path, "flash-attn", "2.8.3+cu12torch2.8cxx11abiTRUE",
+                      metadata_version="2.8.3", tag=TAG)
+    with pytest.raises(VersionMismatch, match="--relabel"):
+        publish(storage, path, V)
+    assert _keys(storage) == set()
+    record = publish(storage, path, V, relabel_wheel=True)
+    assert record.filename == f"flash_attn-2.8.3+cu128torch2.8-{TAG}.whl"
+
+
+def test_publish_relabel_leaves_a_correct_wheel_alone(storage: Storage, tmp_path: Path) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    record = publish(storage, path, V, relabel_wheel=True)
+    assert record.sha256 == sha256_file(path)  # the very bytes, not a rewritten copy
+    assert publish(storage, path, V) == record
+
+
+def test_publish_refuses_relabel_across_public_versions(storage: Storage, tmp_path: Path) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0", metadata_version="1.1")
+    with pytest.raises(VersionMismatch):
+        publish(storage, path, V, relabel_wheel=True)
+    assert _keys(storage) == set()
+
+
+@pytest.mark.parametrize(("variant", "archs", "expected"), [
+    ("torch2.8-cu128", None, None),
+    ("torch2.8-cu128", ("80", "90"), ("80", "90")),
+    ("torch2.8-cu128-sm90", None, ("90",)),
+    ("torch2.8-cu128-sm80-sm90", None, ("80", "90")),
+    ("torch2.8-cu128-sm90", ("80", "90"), ("90",)),  # a narrowed variant implies its own
+])
+def test_publish_records_archs(
+    storage: Storage, tmp_path: Path, variant: str, archs: tuple[str, ...] | None,
+    expected: tuple[str, ...] | None,
+) -> None:
+    v = parse_variant(variant)
+    path = make_wheel(tmp_path, "pkg", f"1.0+{v.local_label}", tag=TAG)
+    record = publish(storage, path, v, archs=archs)
+    assert record.archs == expected
+    assert record.variant == variant
+    # Narrowed wheels live with their base variant's, so that one page read finds them all.
+    assert record.wheel_key == f"wheels/torch2.8-cu128/pkg/{path.name}"
+    assert storage.exists(record_key(v.base, "pkg", path.name))
+
+
+def test_record_json_round_trip() -> None:
+    for archs in (None, ("80", "90")):
+        record = Record(filename="p-1.0+cu128torch2.8-py3-none-any.whl", project="p",  # type: ignore[arg-type]
+                        version="1.0+cu128torch2.8", variant="torch2.8-cu128", archs=archs,
+                        sha256="0" * 64, size=10, metadata_sha256="1" * 64,
+                        requires_python=None, upload_time="2025-01-01T00:00:00.000Z",
+                        yanked="broken build", build={"log": "x"})
+        raw = record.to_json()
+        assert json.loads(raw)["archs"] == (None if archs is None else list(archs))
+        assert Record.from_json(raw) == record
+
+
+class _Watched(Storage):
+    """A real storage with a hook before each write, to see the order and to fail mid-way."""
+
+    def __init__(self, inner: Storage, before_write: Callable[[str], None]) -> None:
+        self.inner = inner
+        self.before_write = before_write
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.before_write(key)
+        self.inner.put_file(key, path)
+
+    def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
+        self.before_write(key)
+        self.inner.put_bytes(key, data, exclusive=exclusive)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self.inner.get_bytes(key)
+
+    def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
+        return self.inner.iter_range(key, start, stop)
+
+    def stat(self, key: str) -> ObjectInfo:
+        return self.inner.stat(key)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def ping(self) -> None:
+        self.inner.ping()
+
+
+def test_record_is_written_last(storage: Storage, tmp_path: Path) -> None:
+    order: list[str] = []
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    publish(_Watched(storage, order.append), path, V)
+    wkey = wheel_key(V, "pkg", path.name)
+    assert order == [wkey, wkey + ".metadata", record_key(V, "pkg", path.name), GENERATION_KEY]
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("crash_before", ["metadata", "record"])
+def test_interrupted_publish_is_not_listed_and_can_be_retried(
+    storage: Storage, tmp_path: Path, crash_before: str
+) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    wkey = wheel_key(V, "pkg", path.name)
+    stop_at = wkey + ".metadata" if crash_before == "metadata" else record_key(V, "pkg", path.name)
+
+    def crash(key: str) -> None:
+        if key == stop_at:
+            raise _Crash
+
+    catalog = Catalog(storage, refresh_seconds=0)
+    with pytest.raises(_Crash):
+        publish(_Watched(storage, crash), path, V)
+    assert storage.exists(wkey)  # a leftover for gc...
+    catalog.refresh()
+    assert catalog.files(V, "pkg") == []  # ...that nobody sees  # type: ignore[arg-type]
+    assert catalog.projects(V) == []
+    assert len(catalog) == 0
+
+    record = publish(storage, path, V)
+    catalog.refresh()
+    assert catalog.files(V, record.project) == [record]
+
+
+def test_concurrent_publication_of_the_same_name_is_refused(
+    storage: Storage, tmp_path: Path
+) -> None:
+    ours = make_wheel(tmp_path / "ours", "pkg", "1.0+cu128torch2.8", payload=b"ours")
+    theirs = make_wheel(tmp_path / "theirs", "pkg", "1.0+cu128torch2.8", payload=b"theirs")
+    rkey = record_key(V, "pkg", ours.name)
+    raced = False
+
+    def someone_else_publishes_first(key: str) -> None:
+        nonlocal raced
+        if key == rkey and not raced:
+            raced = True
+            publish(storage, theirs, V)
+
+    with pytest.raises(AlreadyPublished, match="concurrently"):
+        publish(_Watched(storage, someone_else_publishes_first), ours, V)
+    assert Record.from_json(storage.get_bytes(rkey)).sha256 == sha256_file(theirs)
+
+
+def test_variant_of_a_record(tmp_path: Path, storage: Storage) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8.sm90")
+    record = publish(storage, path, V_SM90)
+    assert record.variant_obj == V_SM90
+    assert record.variant_obj.base == Variant.of("2.8", "12.8")
