@@ -77,6 +77,30 @@ def publish(
         raise click.ClickException(str(exc)) from None
 
 
+@main.command()
+@click.option("--older-than", default=24.0, show_default=True, type=float,
+              help="Hours before an unpublished leftover counts as abandoned.")
+@click.option("--keep-versions", type=click.IntRange(min=1),
+              help="Also prune all but the newest N versions per variant and project.")
+@click.option("--apply", "do_apply", is_flag=True, help="Delete; without it, only print.")
+def gc(older_than: float, keep_versions: int | None, do_apply: bool) -> None:
+    """Remove unpublished leftovers (and old versions by policy). Dry-runs unless --apply."""
+    from wheelhouse import gc as collector
+    from wheelhouse.storage import open_storage
+
+    storage = open_storage(load_config())
+    doomed = collector.plan(storage, leftover_age=older_than * 3600, keep_versions=keep_versions)
+    for d in doomed:
+        click.echo(f"{'delete' if do_apply else 'would delete'} {d.key} ({d.size} bytes): {d.why}")
+    if not doomed:
+        click.echo("nothing to collect")
+    elif do_apply:
+        n = collector.apply(storage, doomed)
+        click.echo(f"deleted {n} objects")
+    else:
+        click.echo(f"{len(doomed)} objects; run again with --apply to delete them")
+
+
 def run() -> None:
     """Entry point that turns domain errors into a one-line message and exit status 1."""
     try:

@@ -1,0 +1,74 @@
+"""wheelhouse gc: leftovers and pruning, dry run first, on both storages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tests.helpers import config_env, make_wheel
+from wheelhouse import gc
+from wheelhouse.catalog import Catalog, wheel_key
+from wheelhouse.config import Config
+from wheelhouse.publish import publish
+from wheelhouse.storage import Storage
+from wheelhouse.variants import parse_variant
+
+V = parse_variant("torch2.8-cu128")
+
+
+def _publish(storage: Storage, tmp_path: Path, version: str) -> None:
+    w = make_wheel(tmp_path / version, "demo", f"{version}+{V.local_label}")
+    publish(storage, w, V)
+
+
+def test_leftovers_only_after_their_age(storage: Storage, tmp_path: Path) -> None:
+    _publish(storage, tmp_path, "1.0")
+    orphan = make_wheel(tmp_path / "o", "demo", f"9.0+{V.local_label}")
+    storage.put_file(wheel_key(V, "demo", orphan.name), orphan)
+    assert gc.plan(storage) == []  # young: may be a publication in progress
+    later = time.time() + 2 * 24 * 3600
+    doomed = gc.plan(storage, now=later)
+    assert [d.key for d in doomed] == [wheel_key(V, "demo", orphan.name)]
+    gc.apply(storage, doomed)
+    assert not storage.exists(wheel_key(V, "demo", orphan.name))
+    cat = Catalog(storage, 0)
+    assert [r.version for r in cat.files(V, "demo")] == ["1.0+cu128torch2.8"]  # type: ignore[arg-type]
+
+
+def test_prune_keeps_newest(storage: Storage, tmp_path: Path) -> None:
+    for v in ("1.0", "1.1", "2.0"):
+        _publish(storage, tmp_path, v)
+    doomed = gc.plan(storage, keep_versions=2)
+    assert {d.key.rsplit("/", 1)[1] for d in doomed} == {
+        "demo-1.0+cu128torch2.8-py3-none-any.whl",
+        "demo-1.0+cu128torch2.8-py3-none-any.whl.metadata",
+        "demo-1.0+cu128torch2.8-py3-none-any.whl.json",
+    }
+    # Planning deleted nothing.
+    assert len(Catalog(storage, 0)) == 3
+    gc.apply(storage, doomed)
+    cat = Catalog(storage, 0)
+    assert [r.version for r in cat.files(V, "demo")] == [  # type: ignore[arg-type]
+        "1.1+cu128torch2.8", "2.0+cu128torch2.8"]
+    assert gc.plan(storage, keep_versions=2, now=time.time() + 3 * 24 * 3600) == []
+
+
+def test_cli_dry_runs_first(tmp_path: Path) -> None:
+    config = Config(storage=str(tmp_path / "data"))
+    from wheelhouse.storage import open_storage
+
+    storage = open_storage(config)
+    for v in ("1.0", "2.0"):
+        _publish(storage, tmp_path, v)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
+    env.update(config_env(config))
+    dry = subprocess.run(["wheelhouse", "gc", "--keep-versions", "1"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert "would delete records/torch2.8-cu128/demo/demo-1.0+cu128torch2.8" in dry
+    assert len(Catalog(storage, 0)) == 2
+    done = subprocess.run(["wheelhouse", "gc", "--keep-versions", "1", "--apply"], env=env,
+                          capture_output=True, text=True, check=True).stdout
+    assert "deleted 3 objects" in done
+    assert len(Catalog(storage, 0)) == 1
