@@ -1,0 +1,617 @@
+"""The build pipeline: sdist → fresh venv → compile under supervision → checked wheel → published.
+
+Every step that runs a program runs it through :class:`worker.reaper.BuildProcess`, so a
+timeout or cancel kills exactly this build's process tree. The build sees a sanitized
+environment (no storage or Redis credentials, tokens or worker settings); uploading happens here,
+outside it. Output goes to one log file, which is tailed into the reporter (live log and ninja's
+``[N/M]`` progress) and stored next to the result when the build ends, success or failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import time
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from wheelhouse.buildspec import BuildSpec, FailureKind
+from wheelhouse.catalog import Record, record_key
+from wheelhouse.config import Config
+from wheelhouse.errors import AlreadyPublished, BuildFailed, InvalidWheel, WheelhouseError
+from wheelhouse.fleet import ToolkitInfo, pick_toolkit
+from wheelhouse.maxjobs import GIB, MaxJobs, decide, record_peaks, reserve_bytes
+from wheelhouse.publish import publish
+from wheelhouse.recipes import Recipe, load_recipe
+from wheelhouse.storage import Storage
+from wheelhouse.wheels import check_consistent, parse_name, relabel
+from worker.capabilities import discover_toolkits, usable_cores
+from worker.failures import Classified, InfrastructureError, classify_log, with_retries
+from worker.governor import MemoryGovernor, was_oom_killed
+from worker.reaper import BuildProcess, Outcome
+from worker.sdist import download_sdist, find_sdist, unpack
+
+_PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
+#: Variables a build may see from the worker's environment; everything else is dropped.
+_KEEP_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
+             "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "UV_CACHE_DIR",
+             "UV_PYTHON_INSTALL_DIR", "PYENV_ROOT", "CC", "CXX", "CUDAHOSTCXX")
+_KEEP_PREFIXES = ("LC_",)
+#: Network settings only the installer sees, never setup.py.
+_INSTALL_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+
+PROBE_SCRIPT = """#!/bin/sh
+# wheelhouse: compile one translation unit alone before the full build, so that an incompatible
+# combination fails within minutes instead of after hours of other kernels.
+real="{real}"
+if [ "$1" = "-v" ] && [ -f build.ninja ]; then
+  target=$("$real" -t targets all 2>/dev/null | sed -n 's/: cuda_compile$//p' | head -n 1)
+  if [ -n "$target" ]; then
+    echo "wheelhouse: probe: compiling $target alone first"
+    NINJA_STATUS="[probe %f/%t] " "$real" -v -j 1 "$target" || exit $?
+  fi
+fi
+exec "$real" "$@"
+"""
+
+
+class Reporter:
+    """Where a build reports to; the base class reports nowhere (override what you need)."""
+
+    def phase(self, name: str) -> None:
+        """A new step began: fetch, venv, compile, check, publish."""
+
+    def progress(self, done: int, total: int) -> None:
+        """Ninja's ``[N/M]``."""
+
+    def lines(self, lines: list[str]) -> None:
+        """New lines of the build log."""
+
+    def note(self, **fields: Any) -> None:
+        """Facts for the build page: max_jobs, max_jobs_reason, toolkit, torch."""
+
+    def should_cancel(self) -> bool:
+        return False
+
+
+@dataclass
+class BuildResult:
+    spec: BuildSpec
+    record: Record
+    already_published: bool = False
+    max_jobs: MaxJobs | None = None
+    log_key: str | None = None
+    seconds: float = 0.0
+    build: dict[str, Any] = field(default_factory=dict)
+
+
+def sanitized_env(environ: dict[str, str] | os._Environ[str], *, install: bool = False
+                  ) -> dict[str, str]:
+    """The worker's environment minus everything a build must not see.
+
+    An allow-list: storage and Redis credentials, tokens, ``WHEELHOUSE_*`` and any inherited
+    CUDA or torch build switches are dropped, so only the recipe decides how the build runs.
+    """
+    keep = set(_KEEP_ENV) | (set(_INSTALL_ENV) if install else set())
+    return {k: v for k, v in environ.items() if k in keep or k.startswith(_KEEP_PREFIXES)}
+
+
+def log_key(spec: BuildSpec) -> str:
+    """Where the full log is stored: beside the wheel's record, under the same name."""
+    return (f"logs/{spec.variant.base.key}/{spec.project}/"
+            f"{spec.expected_wheel_name}.log")
+
+
+class _Log:
+    """The build log file: our own notes go in, the subprocesses append, ``pump`` tails it."""
+
+    def __init__(self, path: Path, reporter: Reporter) -> None:
+        self.path = path
+        self.reporter = reporter
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        self._offset = 0
+        self._partial = b""
+
+    def write(self, text: str) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            for line in text.splitlines() or [""]:
+                f.write(f"wheelhouse: {line}\n")
+        self.pump()
+
+    def pump(self) -> None:
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        if not data:
+            return
+        self._offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        lines = [line.decode("utf-8", errors="replace").rstrip("\r") for line in complete]
+        if not lines:
+            return
+        for line in reversed(lines):
+            m = _PROGRESS.match(line)
+            if m is not None:
+                self.reporter.progress(int(m.group(1)), int(m.group(2)))
+                break
+        self.reporter.lines(lines)
+
+    def tail(self, limit: int = 400_000) -> str:
+        size = self.path.stat().st_size
+        with self.path.open("rb") as f:
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", errors="replace")
+
+
+class Builder:
+    """One build of one spec. Use :func:`run_build`; the class keeps the steps readable."""
+
+    def __init__(self, spec: BuildSpec, *, config: Config, storage: Storage, reporter: Reporter,
+                 source: Path | None, timeout: float, build_id: str,
+                 max_jobs: int | None, toolkits: list[ToolkitInfo] | None,
+                 keep_workspace: bool) -> None:
+        self.spec = spec
+        self.config = config
+        self.storage = storage
+        self.reporter = reporter
+        self.source = source
+        self.deadline = time.monotonic() + timeout
+        self.timeout = timeout
+        self.build_id = build_id
+        self.max_jobs_override = max_jobs
+        self.toolkits = toolkits
+        self.keep_workspace = keep_workspace
+        self.recipe: Recipe = load_recipe(
+            spec.project, [d for d in config.recipe_dirs.split(":") if d])
+        self.workspace = Path(config.workspace).resolve() / f"{build_id}-{uuid.uuid4().hex[:8]}"
+        self.log = _Log(self.workspace / "build.log", reporter)
+        self.facts: dict[str, Any] = {"build_id": build_id, "recipe": self.recipe.name,
+                                      "host": socket.gethostname()}
+        self.job_peaks: list[int] = []
+
+    # -- running programs --
+
+    def _run(self, argv: list[str], *, env: dict[str, str], cwd: Path, what: str,
+             governor_reserve: int | None = None) -> tuple[Outcome, MemoryGovernor | None]:
+        """Run one program of the build under the reaper; raise on timeout or cancel."""
+        self.log.write(f"$ {' '.join(argv)}")
+        bp = BuildProcess.start(argv, build_id=self.build_id, env=env, cwd=cwd,
+                                log_path=self.log.path)
+        governor = None
+        if governor_reserve is not None:
+            governor = MemoryGovernor(bp, low_watermark=governor_reserve // 2,
+                                      high_watermark=governor_reserve)
+        last_cancel_check = 0.0
+        cancelled = False
+
+        def should_cancel() -> bool:
+            nonlocal last_cancel_check, cancelled
+            now = time.monotonic()
+            if now - last_cancel_check >= 1.0:
+                last_cancel_check = now
+                cancelled = self.reporter.should_cancel()
+            return cancelled
+
+        def on_tick() -> None:
+            if governor is not None:
+                governor.tick()
+            self.log.pump()
+
+        outcome = bp.wait(deadline=self.deadline, should_cancel=should_cancel, on_tick=on_tick)
+        self.log.pump()
+        if governor is not None:
+            self.job_peaks = governor.job_peaks
+            self.facts["peak_tree_bytes"] = governor.peak_tree_rss
+            self.facts["governor_pauses"] = governor.pauses
+        if outcome.reap is not None:
+            self.facts["reaped"] = {"processes": outcome.reap.processes,
+                                    "signals": outcome.reap.signals,
+                                    "seconds": round(outcome.reap.seconds, 2),
+                                    "survivors": outcome.reap.survivors}
+        if outcome.cancelled:
+            raise BuildFailed(FailureKind.CANCELLED.value, f"cancelled during {what}")
+        if outcome.timed_out:
+            raise BuildFailed(FailureKind.TIMEOUT.value,
+                              f"the build ran past its {self.timeout:.0f} s deadline during "
+                              f"{what} and was killed")
+        return outcome, governor
+
+    def _run_checked(self, argv: list[str], *, env: dict[str, str], what: str) -> None:
+        """Run an installer step in the workspace; network trouble is retried with backoff."""
+
+        def attempt() -> None:
+            outcome, _ = self._run(argv, env=env, cwd=self.workspace, what=what)
+            self._check(outcome, what)
+
+        with_retries(what, attempt, log=self.log.write)
+
+    def _check(self, outcome: Outcome, what: str) -> None:
+        if outcome.returncode != 0:
+            tail = [line for line in self.log.tail(20_000).splitlines() if line.strip()]
+            last = tail[-1] if tail else ""
+            raise InfrastructureError(f"{what} failed (exit {outcome.returncode}): {last[:300]}")
+
+    # -- the steps --
+
+    def run(self) -> BuildResult:
+        started = time.monotonic()
+        try:
+            existing = self._already_published()
+            if existing is not None:
+                self.reporter.phase("published")
+                return BuildResult(self.spec, existing, already_published=True)
+            self.workspace.mkdir(parents=True, exist_ok=True)
+            self.log.write(f"building {self.spec.describe()} with recipe {self.recipe.name}")
+            toolkit = self._toolkit()
+            src = self._source()
+            python = self._venv(src)
+            jobs = self._max_jobs()
+            wheel = self._compile(src, python, toolkit, jobs)
+            wheel = self._check_wheel(wheel, python)
+            record = self._publish(wheel, started)
+            self.facts["seconds"] = round(time.monotonic() - started, 1)
+            self._store_log()
+            return BuildResult(self.spec, record, max_jobs=jobs, log_key=log_key(self.spec),
+                               seconds=time.monotonic() - started, build=self.facts)
+        except BuildFailed as exc:
+            self.log.write(f"FAILED [{exc.kind}]: {exc.reason}")
+            self._store_log()
+            raise
+        finally:
+            if not self.keep_workspace:
+                shutil.rmtree(self.workspace, ignore_errors=True)
+
+    def _already_published(self) -> Record | None:
+        key = record_key(self.spec.variant.base, self.spec.project, self.spec.expected_wheel_name)
+        try:
+            return Record.from_json(self.storage.get_bytes(key))
+        except FileNotFoundError:
+            return None
+
+    def _toolkit(self) -> ToolkitInfo:
+        self.reporter.phase("toolkit")
+        toolkits = self.toolkits if self.toolkits is not None else discover_toolkits()
+        toolkit = pick_toolkit(toolkits, self.spec.cuda)
+        if toolkit is None:
+            found = ", ".join(f"{t.cuda} ({t.home})" for t in toolkits) or "none"
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                              f"no CUDA {self.spec.cuda.split('.')[0]}.x toolkit of version "
+                              f"{self.spec.cuda} or newer on this host; found: {found}")
+        self.log.write(f"CUDA toolkit {toolkit.release} at {toolkit.home}")
+        self.facts["toolkit"] = toolkit.release
+        self.reporter.note(toolkit=toolkit.release)
+        return toolkit
+
+    def _source(self) -> Path:
+        self.reporter.phase("fetch")
+        if self.source is not None:
+            sdist = self.source
+            self.log.write(f"source: local {sdist}")
+        else:
+            index = self.config.upstream
+            if index == "off":
+                raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                                  "no upstream index is configured, so the sdist must be given")
+            link = with_retries(
+                "looking up the sdist",
+                lambda: find_sdist(index, self.spec.project, self.spec.version),
+                log=self.log.write)
+            self.log.write(f"source: {link.url} (sha256 {link.sha256})")
+            sdist = with_retries("downloading the sdist",
+                                 lambda: download_sdist(link, self.workspace / "sdist"),
+                                 log=self.log.write)
+            self.log.write(f"sha256 verified: {sdist.name}")
+            self.facts["sdist_sha256"] = link.sha256
+        self.facts["sdist"] = sdist.name
+        return unpack(sdist, self.workspace / "src")
+
+    def _install_env(self) -> dict[str, str]:
+        env = sanitized_env(os.environ, install=True)
+        env["UV_NO_PROGRESS"] = "1"
+        return env
+
+    def _venv(self, src: Path) -> Path:
+        self.reporter.phase("venv")
+        uv = shutil.which("uv")
+        if uv is None:
+            raise BuildFailed(FailureKind.INFRASTRUCTURE.value, "uv is not installed on the worker")
+        venv = self.workspace / "venv"
+        env = self._install_env()
+        self._run_checked([uv, "venv", "--seed", "--clear", "--python", self.spec.python,
+                           str(venv)], env=env, what="creating the venv")
+        python = venv / "bin" / "python"
+        cu = self.spec.variant.cu
+        argv = [uv, "pip", "install", "--python", str(python),
+                "--index-url", self.config.build_index_url]
+        if self.config.torch_index_url:
+            argv += ["--extra-index-url", self.config.torch_index_url.format(cu=cu)]
+        for link in self.config.torch_find_links.split():
+            argv += ["--find-links", link.format(cu=cu)]
+        requires = [f"torch=={self.spec.torch}.*", *self.recipe.build_requires,
+                    *_pyproject_requires(src)]
+        self._run_checked([*argv, *requires], env=env,
+                          what="installing torch and the build requirements")
+        self._check_torch(python)
+        return python
+
+    def _check_torch(self, python: Path) -> None:
+        code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
+                "'cuda': torch.version.cuda, 'abi': bool(torch.compiled_with_cxx11_abi())}))")
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                             env=sanitized_env(os.environ), cwd=self.workspace, timeout=300,
+                             check=False)
+        if out.returncode != 0:
+            raise BuildFailed(FailureKind.INFRASTRUCTURE.value,
+                              f"torch does not import in the build venv: "
+                              f"{(out.stderr.strip().splitlines() or [''])[-1][:300]}")
+        info = json.loads(out.stdout.strip().splitlines()[-1])
+        self.log.write(f"torch {info['version']} (CUDA {info['cuda']}, cxx11abi {info['abi']})")
+        self.facts["torch"] = info["version"]
+        self.reporter.note(torch=info["version"])
+        if info["cuda"] != self.spec.cuda:
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                              f"the configured torch source gave torch {info['version']} built "
+                              f"for CUDA {info['cuda'] or 'none (CPU)'}, not {self.spec.cuda}")
+        if info["abi"] != self.spec.cxx11abi:
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                              f"torch {info['version']} uses cxx11abi={int(info['abi'])}, the "
+                              f"spec asks for {int(self.spec.cxx11abi)}")
+
+    def _max_jobs(self) -> MaxJobs:
+        mem = psutil.virtual_memory()
+        reserve = int(self.config.build_reserve_gib * GIB) or None
+        jobs = decide(self.storage, recipe=self.recipe.name, cuda=self.spec.cuda,
+                      recipe_per_thread=self.recipe.job_memory_bytes,
+                      nvcc_threads=self.recipe.nvcc_threads, available=int(mem.available),
+                      total=int(mem.total), cores=usable_cores(), reserve=reserve)
+        if self.max_jobs_override is not None:
+            jobs = MaxJobs(**{**jobs.to_dict(), "jobs": self.max_jobs_override,
+                              "reason": f"MAX_JOBS={self.max_jobs_override}: set by the caller"})
+        return jobs
+
+    def _build_env(self, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs) -> dict[str, str]:
+        venv_bin = python.parent
+        probe_bin = self.workspace / "probe-bin"
+        probe_bin.mkdir(exist_ok=True)
+        real_ninja = venv_bin / "ninja"
+        if not real_ninja.exists():
+            found = shutil.which("ninja")
+            if found is None:
+                raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                                  "ninja is neither in the recipe's requirements nor installed")
+            real_ninja = Path(found)
+        wrapper = probe_bin / "ninja"
+        wrapper.write_text(PROBE_SCRIPT.format(real=real_ninja))
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        env = sanitized_env(os.environ)
+        tmp = self.workspace / "tmp"
+        tmp.mkdir(exist_ok=True)
+        env.update({
+            "PATH": os.pathsep.join([str(probe_bin), str(venv_bin),
+                                     str(Path(toolkit.home) / "bin"), env.get("PATH", "")]),
+            "VIRTUAL_ENV": str(venv_bin.parent),
+            "CUDA_HOME": toolkit.home,
+            "CUDA_PATH": toolkit.home,
+            "MAX_JOBS": str(jobs.jobs),
+            "TMPDIR": str(tmp),
+            "PYTHONUNBUFFERED": "1",
+            "PIP_CONFIG_FILE": os.devnull,
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        })
+        env.update(self.recipe.environment(self.spec.variant, max_jobs=jobs.jobs))
+        return env
+
+    def _compile(self, src: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs) -> Path:
+        dist = self.workspace / "dist"
+        for attempt in (1, 2):
+            self.reporter.phase("compile")
+            self.reporter.note(max_jobs=jobs.jobs, max_jobs_reason=jobs.reason)
+            self.log.write(jobs.reason)
+            self.facts["max_jobs"] = jobs.to_dict()
+            env = self._build_env(python, toolkit, jobs)
+            shutil.rmtree(dist, ignore_errors=True)
+            argv = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+                    "--no-index", "-v", "-w", str(dist), str(src)]
+            reserve = jobs.reserve_bytes or reserve_bytes(int(psutil.virtual_memory().total))
+            outcome, _ = self._run(argv, env=env, cwd=src, what="the compile",
+                                   governor_reserve=reserve)
+            if outcome.returncode == 0:
+                break
+            tail = self.log.tail()
+            oom = was_oom_killed(outcome.returncode, tail[-20_000:])
+            found: Classified = classify_log(tail, self.spec, oom=oom)
+            if found.kind is FailureKind.OOM:
+                self._learn()
+                if attempt == 1 and jobs.jobs > 1:
+                    half = max(1, jobs.jobs // 2)
+                    self.log.write(f"{found.reason}; retrying once with MAX_JOBS={half}")
+                    jobs = MaxJobs(**{**jobs.to_dict(), "jobs": half,
+                                      "reason": f"MAX_JOBS={half}: halved after an "
+                                                f"out-of-memory kill ({jobs.reason})"})
+                    continue
+            raise found.error()
+        self._learn()
+        wheels = sorted(dist.glob("*.whl"))
+        if len(wheels) != 1:
+            raise BuildFailed(FailureKind.COMPILE_ERROR.value,
+                              f"the build produced {len(wheels)} wheels, expected one")
+        return wheels[0]
+
+    def _learn(self) -> None:
+        if not self.job_peaks:
+            return
+        try:
+            per_thread = record_peaks(self.storage, self.recipe.name, self.spec.cuda,
+                                      self.job_peaks, self.recipe.nvcc_threads)
+        except (OSError, WheelhouseError) as exc:
+            self.log.write(f"could not record memory statistics: {exc}")
+            return
+        self.facts["peak_job_bytes"] = max(self.job_peaks)
+        self.log.write(f"peak compile job: {max(self.job_peaks) / GIB:.2f} GiB "
+                       f"({(per_thread or 0) / GIB:.2f} GiB per nvcc thread)")
+
+    def _check_wheel(self, wheel: Path, python: Path) -> Path:
+        """File name, METADATA version and label, tags, and that the extension loads."""
+        self.reporter.phase("check")
+        spec = self.spec
+        try:
+            name = parse_name(wheel.name)
+            if self.recipe.relabel and name.version.local != spec.variant.local_label:
+                out = self.workspace / "relabelled"
+                out.mkdir(exist_ok=True)
+                wheel = relabel(wheel, spec.variant.local_label, out)
+                name = parse_name(wheel.name)
+                self.log.write(f"relabelled into {wheel.name}")
+            check_consistent(wheel, name)
+        except InvalidWheel as exc:
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value, str(exc)) from None
+        if name.version != spec.wheel_version:
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                              f"built {name.project} {name.version}, expected {spec.wheel_version}"
+                              f" (does the recipe put the label into METADATA?)")
+        if not spec.tags_match(name.tags):
+            tags = ", ".join(sorted(str(t) for t in name.tags))
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                              f"{wheel.name} has tags {tags}, which don't serve Python "
+                              f"{spec.python} on {spec.machine}")
+        modules = extension_modules(wheel)
+        missing = [m for m in self.recipe.import_check if m not in modules]
+        if not modules or missing:
+            what = ", ".join(missing) if missing else "any compiled extension"
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                              f"{wheel.name} lacks {what}; the CUDA build was skipped")
+        self._import_check(wheel, python, modules)
+        return wheel
+
+    def _import_check(self, wheel: Path, python: Path, modules: list[str]) -> None:
+        uv = shutil.which("uv") or "uv"
+        env = self._install_env()
+        self._run_checked([uv, "pip", "install", "--python", str(python), "--no-deps",
+                           "--reinstall", str(wheel)], env=env,
+                          what="installing the wheel for the import check")
+        # Without a GPU only loading can be checked: libcudart comes with torch's wheels and the
+        # driver is needed only when a kernel runs.
+        code = ("import importlib, sys, torch\n"
+                "for m in sys.argv[1:]:\n    importlib.import_module(m)\n")
+        check_dir = self.workspace / "import-check"
+        check_dir.mkdir(exist_ok=True)
+        outcome, _ = self._run([str(python), "-c", code, *modules], env=sanitized_env(os.environ),
+                               cwd=check_dir, what="the import check")
+        if outcome.returncode != 0:
+            tail = [line for line in self.log.tail(20_000).splitlines() if line.strip()]
+            raise BuildFailed(FailureKind.COMPILE_ERROR.value,
+                              f"the built extension does not load: {(tail or [''])[-1][:300]}")
+        self.log.write(f"import check passed: {', '.join(modules)}")
+
+    def _publish(self, wheel: Path, started: float) -> Record:
+        self.reporter.phase("publish")
+        self.facts["seconds"] = round(time.monotonic() - started, 1)
+        self.facts["log_key"] = log_key(self.spec)
+        archs = self.recipe.archs_for(self.spec.variant)
+
+        def attempt() -> Record:
+            try:
+                return publish(self.storage, wheel, self.spec.variant, archs=archs,
+                               build=dict(self.facts))
+            except AlreadyPublished:
+                existing = self._already_published()
+                if existing is None:
+                    raise
+                return existing
+            except (OSError, WheelhouseError):
+                raise
+            except Exception as exc:  # botocore's errors are not OSErrors
+                if type(exc).__module__.startswith(("botocore", "boto3", "urllib3")):
+                    raise InfrastructureError(f"storage: {exc}") from exc
+                raise
+
+        try:
+            record = with_retries("publishing", attempt, log=self.log.write)
+        except InvalidWheel as exc:
+            raise BuildFailed(FailureKind.INCOMPATIBLE.value, str(exc)) from None
+        self.log.write(f"published {record.filename} into {self.spec.variant.key}")
+        return record
+
+    def _store_log(self) -> None:
+        if not self.log.path.exists():
+            return
+        try:
+            with_retries("storing the log",
+                         lambda: self.storage.put_file(log_key(self.spec), self.log.path),
+                         attempts=2, delays=(2,))
+        except BuildFailed:
+            return  # the log is a convenience; the build's own outcome stands
+
+
+def _pyproject_requires(src: Path) -> list[str]:
+    """``[build-system] requires`` of the sdist, minus torch (which the spec pins)."""
+    import tomllib
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    path = src / "pyproject.toml"
+    if not path.is_file():
+        return []
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return []
+    out = []
+    for raw in data.get("build-system", {}).get("requires", []):
+        try:
+            req = Requirement(str(raw))
+        except InvalidRequirement:
+            continue
+        if req.name.lower() != "torch":
+            out.append(str(req))
+    return out
+
+
+def extension_modules(wheel: Path) -> list[str]:
+    """Importable names of the compiled modules in a wheel (``pkg/_C.cpython-311-….so``)."""
+    names = []
+    with zipfile.ZipFile(wheel) as zf:
+        for member in zf.namelist():
+            if not member.endswith(".so") or ".dist-info/" in member or ".data/" in member:
+                continue
+            module = member[: -len(".so")].split(".", 1)[0]
+            names.append(module.replace("/", "."))
+    return sorted(set(names))
+
+
+def run_build(
+    spec: BuildSpec,
+    *,
+    config: Config,
+    storage: Storage,
+    reporter: Reporter | None = None,
+    source: Path | None = None,
+    timeout: float | None = None,
+    build_id: str | None = None,
+    max_jobs: int | None = None,
+    toolkits: list[ToolkitInfo] | None = None,
+    keep_workspace: bool = False,
+) -> BuildResult:
+    """Build ``spec`` and publish it; raise :class:`BuildFailed` with a classified reason.
+
+    ``build_id`` is the cookie every process of the build carries (the RQ job id in the
+    worker); ``toolkits`` defaults to what this host has.
+    """
+    return Builder(
+        spec, config=config, storage=storage, reporter=reporter or Reporter(), source=source,
+        timeout=float(timeout if timeout is not None else config.build_timeout),
+        build_id=build_id or spec.job_id, max_jobs=max_jobs, toolkits=toolkits,
+        keep_workspace=keep_workspace,
+    ).run()

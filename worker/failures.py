@@ -1,0 +1,113 @@
+"""Classify a failed build in one line, instead of burying the cause in 10,000 lines of nvcc.
+
+The order matters: an incompatible combination (C++ standard, toolkit, architecture) explains
+every compile error that follows it; memory kills come next; then the first compiler error.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from wheelhouse.buildspec import BuildSpec, FailureKind
+from wheelhouse.errors import BuildFailed
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Classified:
+    kind: FailureKind
+    reason: str
+
+    def error(self) -> BuildFailed:
+        return BuildFailed(self.kind.value, self.reason)
+
+
+_INCOMPATIBLE: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"C\+\+20 or later compatible compiler is required|"
+                r"has no member \"?strong_ordering|strong_ordering.* (?:is not|not a) member"),
+     "{project} {version} compiles as C++17, but torch {torch}'s headers need C++20 "
+     "(std::strong_ordering); this combination needs a newer {project}"),
+    (re.compile(r"detected CUDA version \((?P<nvcc>[0-9.]+)\) mismatches the version that was "
+                r"used to compile\s+PyTorch \((?P<torch>[0-9.]+)\)"),
+     "nvcc {nvcc} does not match the CUDA {torch_cuda} torch was built with"),
+    (re.compile(r"Unsupported gpu architecture '(?P<arch>[a-z_0-9]+)'"),
+     "the CUDA {cuda} toolkit does not support GPU architecture {arch}"),
+    (re.compile(r"unsupported GNU version|unsupported clang version|"
+                r"-allow-unsupported-compiler"),
+     "the host C++ compiler is not supported by this CUDA toolkit"),
+]
+
+_OOM = re.compile(
+    r"Killed signal terminated program|died due to signal 9|out of memory|"
+    r"Cannot allocate memory|std::bad_alloc|virtual memory exhausted|\bMemoryError\b",
+    re.IGNORECASE,
+)
+_ERROR_LINE = re.compile(
+    r"(?P<line>(?:\S+\(\d+\)|\S+:\d+(?::\d+)?):? (?:fatal )?error[: ].*|"
+    r"nvcc fatal\s*:.*|error: command .* failed.*|FAILED: .*)"
+)
+_NINJA_FAILED = re.compile(r"^FAILED: (?P<target>\S+)", re.MULTILINE)
+
+
+def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
+    """Why a build whose main process failed (not timed out, not cancelled) failed."""
+    values = {"project": spec.project, "version": spec.version, "torch": spec.torch,
+              "cuda": spec.cuda, "torch_cuda": spec.cuda}
+    for pattern, template in _INCOMPATIBLE:
+        m = pattern.search(log)
+        if m is not None:
+            return Classified(FailureKind.INCOMPATIBLE,
+                              template.format(**values, **m.groupdict()))
+    if oom or _OOM.search(log):
+        target = _NINJA_FAILED.search(log)
+        where = f" while compiling {_short(target.group('target'))}" if target else ""
+        return Classified(FailureKind.OOM, f"a compile was killed for lack of memory{where}")
+    for line in log.splitlines():
+        m = _ERROR_LINE.search(line)
+        if m is not None and not line.startswith("FAILED:"):
+            return Classified(FailureKind.COMPILE_ERROR, _short(m.group("line"), 300))
+    target = _NINJA_FAILED.search(log)
+    if target is not None:
+        return Classified(FailureKind.COMPILE_ERROR,
+                          f"compiling {_short(target.group('target'))} failed")
+    tail = [line.strip() for line in log.splitlines() if line.strip()]
+    last = tail[-1] if tail else "no output"
+    return Classified(FailureKind.COMPILE_ERROR, f"the build failed: {_short(last, 300)}")
+
+
+def _short(text: str, limit: int = 160) -> str:
+    """Drop the workspace path prefix of a file name and cap the length."""
+    text = re.sub(r"/\S*/(?=[^/\s]+\.(?:cu|cpp|cc|h|cuh|hpp|o)\b)", "", text.strip())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class InfrastructureError(Exception):
+    """A failure outside the build itself (network, storage, Redis): worth retrying."""
+
+
+def with_retries(
+    what: str, fn: Callable[[], T], *, attempts: int = 4, delays: tuple[float, ...] = (2, 10, 30),
+    log: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call ``fn``; on :class:`InfrastructureError` or ``OSError``, back off and try again.
+
+    After the last attempt the failure becomes an ``infrastructure`` :class:`BuildFailed`.
+    """
+    last: BaseException | None = None
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except (InfrastructureError, OSError) as exc:
+            last = exc
+            if attempt + 1 < attempts:
+                delay = delays[min(attempt, len(delays) - 1)]
+                if log is not None:
+                    log(f"wheelhouse: {what} failed ({exc}); retrying in {delay:g}s")
+                sleep(delay)
+    raise BuildFailed(FailureKind.INFRASTRUCTURE.value,
+                      f"{what} failed after {attempts} attempts: {last}")
