@@ -1,0 +1,115 @@
+"""RQ job entry points. The web enqueues these by dotted path (``worker.jobs.run_build``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.config import Config
+from wheelhouse.errors import BuildFailed
+from wheelhouse.queue import append_log, cancel_requested
+from wheelhouse.storage import open_storage
+from worker import build
+from worker.reaper import become_subreaper
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from rq.job import Job
+
+log = logging.getLogger(__name__)
+
+#: Seconds between saves of the job's meta for progress alone (phases save at once).
+PROGRESS_SAVE_INTERVAL = 1.0
+
+
+class RedisReporter(build.Reporter):
+    """Reports into the RQ job's meta and the live log list; a Redis hiccup never fails a build."""
+
+    def __init__(self, conn: Redis, job: Job) -> None:
+        self.conn = conn
+        self.job = job
+        self._saved_at = 0.0
+        self._dirty = False
+
+    def _save(self, force: bool = False) -> None:
+        from redis.exceptions import RedisError
+
+        now = time.monotonic()
+        if not force and now - self._saved_at < PROGRESS_SAVE_INTERVAL:
+            self._dirty = True
+            return
+        try:
+            self.job.save_meta()  # type: ignore[no-untyped-call]
+            self._saved_at = now
+            self._dirty = False
+        except RedisError as exc:
+            log.warning("could not save progress of %s: %s", self.job.id, exc)
+
+    def phase(self, name: str) -> None:
+        self.job.meta["phase"] = name
+        self._save(force=True)
+
+    def progress(self, done: int, total: int) -> None:
+        self.job.meta["progress"] = [done, total]
+        self._save()
+
+    def lines(self, lines: list[str]) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            append_log(self.conn, self.job.id, lines)
+        except RedisError as exc:
+            log.warning("could not append to the live log of %s: %s", self.job.id, exc)
+        if self._dirty:
+            self._save()
+
+    def note(self, **fields: Any) -> None:
+        self.job.meta.update(fields)
+        self._save(force=True)
+
+    def should_cancel(self) -> bool:
+        from redis.exceptions import RedisError
+
+        try:
+            return cancel_requested(self.conn, self.job.id)
+        except RedisError:
+            return False
+
+    def finish(self, **fields: Any) -> None:
+        self.job.meta.update(fields)
+        self._save(force=True)
+
+
+def run_build(spec_data: dict[str, Any], source: str | None = None,
+              timeout: int | None = None) -> dict[str, Any]:
+    """Build one spec inside an RQ work horse; the job's meta carries progress and the outcome."""
+    from rq import get_current_job
+
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("run_build must run inside an RQ job")
+    # Orphans of the build re-parent to us, not to init, so that the reaper can collect them.
+    become_subreaper()
+    config = Config.from_env()
+    spec = BuildSpec.from_dict(spec_data)
+    reporter = RedisReporter(job.connection, job)
+    reporter.finish(failure=None, started=time.time())
+    try:
+        result = build.run_build(
+            spec, config=config, storage=open_storage(config), reporter=reporter,
+            source=Path(source) if source else None, timeout=timeout, build_id=job.id,
+        )
+    except BuildFailed as exc:
+        reporter.finish(phase="failed", failure={"kind": exc.kind, "reason": exc.reason},
+                        log_key=build.log_key(spec))
+        raise
+    summary = ("already published" if result.already_published
+               else f"built in {result.seconds:.0f} s")
+    reporter.finish(phase="published", wheel=result.record.filename, summary=summary,
+                    log_key=result.log_key)
+    return {"wheel": result.record.filename, "variant": result.record.variant,
+            "sha256": result.record.sha256, "already_published": result.already_published,
+            "seconds": round(result.seconds, 1)}
