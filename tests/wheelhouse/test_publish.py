@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from tests.helpers import make_wheel
 from tests.wheelhouse.test_wheels import assert_record_matches
@@ -176,7 +177,8 @@ def test_publish_records_archs(
 
 def test_record_json_round_trip() -> None:
     for archs in (None, ("80", "90")):
-        record = Record(filename="p-1.0+cu128torch2.8-py3-none-any.whl", project="p",  # type: ignore[arg-type]
+        record = Record(filename="p-1.0+cu128torch2.8-py3-none-any.whl",
+                        project=canonicalize_name("p"),
                         version="1.0+cu128torch2.8", variant="torch2.8-cu128", archs=archs,
                         sha256="0" * 64, size=10, metadata_sha256="1" * 64,
                         requires_python=None, upload_time="2025-01-01T00:00:00.000Z",
@@ -249,7 +251,7 @@ def test_interrupted_publish_is_not_listed_and_can_be_retried(
         publish(_Watched(storage, crash), path, V)
     assert storage.exists(wkey)  # a leftover for gc...
     catalog.refresh()
-    assert catalog.files(V, "pkg") == []  # ...that nobody sees  # type: ignore[arg-type]
+    assert catalog.files(V, canonicalize_name("pkg")) == []  # ...that nobody sees
     assert catalog.projects(V) == []
     assert len(catalog) == 0
 

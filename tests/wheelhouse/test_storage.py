@@ -6,6 +6,7 @@ import hashlib
 import os
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,7 @@ def test_check_key_refuses(key: str) -> None:
 def test_every_method_refuses_a_bad_key(storage: Storage, tmp_path: Path, key: str) -> None:
     src = tmp_path / "src"
     src.write_bytes(b"x")
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: storage.put_bytes(key, b"x"),
         lambda: storage.put_bytes(key, b"x", exclusive=True),
         lambda: storage.put_file(key, src),
