@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 ENV_PREFIX = "WHEELHOUSE_"
 
@@ -114,24 +115,43 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
 def _coerce(raw: str, hint: Any, name: str) -> Any:
+    args = get_args(hint)
+    if type(None) in args:
+        # ``X | None``: empty means None, anything else is read as an X.
+        if raw.strip() == "":
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            hint = rest[0]
     text = str(hint)
     if hint is bool or text == "bool":
-        return raw.strip().lower() in {"1", "true", "yes", "on"}
+        word = raw.strip().lower()
+        if word not in _TRUE | _FALSE:
+            raise ValueError(
+                f"{ENV_PREFIX}{name.upper()} must be one of 1/0, true/false, yes/no, on/off, "
+                f"got {raw!r}"
+            )
+        return word in _TRUE
     if hint is int or text == "int":
         return _number(int, raw, name)
     if hint is float or text == "float":
         return _number(float, raw, name)
-    if "None" in text and raw.strip() == "":
-        return None
     return raw
 
 
 def _number(kind: type[int] | type[float], raw: str, name: str) -> int | float:
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a number, got {raw!r}") from None
+        value = None
+    if value is None or not math.isfinite(value):
+        raise ValueError(f"{ENV_PREFIX}{name.upper()} must be a number, got {raw!r}")
+    return value
 
 
 def documented_settings() -> list[tuple[str, str, str]]:
