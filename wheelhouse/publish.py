@@ -69,7 +69,7 @@ def publish(
             project=name.project,
             version=str(name.version),
             variant=variant.key,
-            archs=variant.archs or archs,
+            archs=variant.archs or _known_archs(variant, archs),
             sha256=sha256_file(path),
             size=path.stat().st_size,
             metadata_sha256=hashlib.sha256(metadata).hexdigest(),
@@ -101,6 +101,14 @@ def publish(
             ) from None
     bump_generation(storage)
     return record
+
+
+def _known_archs(variant: Variant, archs: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """Canonical spelling and order, as the catalog compares them with variant keys; an empty
+    set says nothing, so it means unknown (a wheel with no archs would match no root)."""
+    if not archs:
+        return None
+    return Variant.of(variant.torch, variant.cuda, archs, variant.cxx11abi).archs
 
 
 def bump_generation(storage: Storage) -> None:
