@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 from tests.helpers import make_wheel
 from tests.wheelhouse.test_wheels import assert_record_matches
 from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
-from wheelhouse.errors import AlreadyPublished, InvalidWheel, VersionMismatch
+from wheelhouse.errors import AlreadyPublished, InvalidVariant, InvalidWheel, VersionMismatch
 from wheelhouse.publish import publish
 from wheelhouse.storage import ObjectInfo, Storage
 from wheelhouse.variants import Variant, parse_variant
@@ -160,6 +160,8 @@ def test_publish_refuses_relabel_across_public_versions(storage: Storage, tmp_pa
     ("torch2.8-cu128-sm90", None, ("90",)),
     ("torch2.8-cu128-sm80-sm90", None, ("80", "90")),
     ("torch2.8-cu128-sm90", ("80", "90"), ("90",)),  # a narrowed variant implies its own
+    ("torch2.8-cu128", (), None),                      # nothing known is unknown
+    ("torch2.8-cu128", ("sm_90", "8.0", "sm90"), ("80", "90")),  # canonical, as in keys
 ])
 def test_publish_records_archs(
     storage: Storage, tmp_path: Path, variant: str, archs: tuple[str, ...] | None,
@@ -173,6 +175,13 @@ def test_publish_records_archs(
     # Narrowed wheels live with their base variant's, so that one page read finds them all.
     assert record.wheel_key == f"wheels/torch2.8-cu128/pkg/{path.name}"
     assert storage.exists(record_key(v.base, "pkg", path.name))
+
+
+def test_publish_refuses_unknown_archs(storage: Storage, tmp_path: Path) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    with pytest.raises(InvalidVariant, match="unknown GPU architecture"):
+        publish(storage, path, V, archs=("sm91",))
+    assert _keys(storage) == set()
 
 
 def test_record_json_round_trip() -> None:
