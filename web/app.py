@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from redis import Redis
 
 #: Modules under ``web`` whose ``bp`` blueprint the app serves, in registration order.
-BLUEPRINTS = ("home", "simple", "files", "ops")
+BLUEPRINTS = ("home", "simple", "files", "ops", "auth", "api", "pages")
 
 
 @dataclass

@@ -15,8 +15,10 @@ from wheelhouse.errors import (
     InvalidVariant,
     InvalidWheel,
     StorageError,
+    UnservableSpec,
     WheelhouseError,
 )
+from wheelhouse.tokens import TokenError
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,8 @@ STATUS: list[tuple[type[Exception], int]] = [
     (InvalidWheel, 404),
     (AlreadyPublished, 409),
     (InvalidBuildSpec, 400),
+    (UnservableSpec, 409),
+    (TokenError, 400),
     (StorageError, 503),
     (WheelhouseError, 400),
 ]

@@ -1,0 +1,135 @@
+"""The JSON API behind every action: request, look up, tail and cancel builds; list the fleet."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from flask import Blueprint, Response, jsonify, request, url_for
+from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailable
+
+from web import auth
+from web.app import services
+from web.builds import JOB_ID, build_view, parse_request, recipe_list, submit
+from wheelhouse.fleet import live_workers, servable
+from wheelhouse.queue import cancel_build, get_build, log_since
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+
+#: The most log lines one poll returns.
+LOG_PAGE = 500
+
+
+def _conn() -> Redis:
+    conn = services().redis
+    if conn is None:
+        raise ServiceUnavailable("this server has no build queue (WHEELHOUSE_REDIS_URL is unset)")
+    return conn
+
+
+def base_url() -> str:
+    return request.host_url.rstrip("/") + request.script_root
+
+
+def _job_id(job_id: str) -> str:
+    if not JOB_ID.fullmatch(job_id):
+        raise NotFound("no such build")
+    return job_id
+
+
+def _no_store(resp: Response) -> Response:
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+@bp.post("/builds")
+def create_builds() -> Response:
+    """``{"project", "version", "torch", "cuda", "python": [...], "archs": [...]}`` → build ids."""
+    info = auth.require_scope("build")
+    auth.rate_limit(info)
+    if request.content_length is not None and request.content_length > 64_000:
+        raise BadRequest("request body too large")
+    data = request.get_json(silent=True)
+    if not isinstance(data, dict):
+        raise BadRequest("send a JSON object: {\"project\", \"version\", \"torch\", \"cuda\", "
+                         "\"python\": [...], \"archs\": [...]}")
+    rerun = data.pop("rerun_failed", False) is True
+    svc = services()
+    req = parse_request(data, recipe_list(svc.config))
+    if req.errors:
+        resp = jsonify({"error": "; ".join(f"{k}: {v}" if k != "_" else v
+                                           for k, v in req.errors.items()),
+                        "fields": req.errors, "status": 400})
+        resp.status_code = 400
+        return resp
+    results = submit(_conn(), svc.catalog, req.specs, rerun_failed=rerun)
+    builds = []
+    for r in results:
+        builds.append({
+            "id": r.job_id, "python": r.spec.python, "variant": r.spec.variant.key,
+            "state": r.state, "created": r.created, "wheel": r.wheel,
+            "url": url_for("pages.build", job_id=r.job_id, _external=True),
+            "api": url_for("api.build", job_id=r.job_id, _external=True),
+        })
+    resp = jsonify({"builds": builds})
+    resp.status_code = 201 if any(r.created for r in results) else 200
+    return _no_store(resp)
+
+
+@bp.get("/builds/<job_id>")
+def build(job_id: str) -> Response:
+    conn = _conn()
+    status = get_build(conn, _job_id(job_id))
+    if status is None:
+        raise NotFound("no such build")
+    view = build_view(conn, status, base_url())
+    view["urls"] = {"page": url_for("pages.build", job_id=job_id),
+                    "log": url_for("api.build_log", job_id=job_id),
+                    "cancel": url_for("api.cancel", job_id=job_id)}
+    return _no_store(jsonify(view))
+
+
+@bp.get("/builds/<job_id>/log")
+def build_log(job_id: str) -> Response:
+    """Live log lines from ``?offset=N`` on; ``next`` is the offset to ask for next."""
+    conn = _conn()
+    _job_id(job_id)
+    raw = request.args.get("offset", "0")
+    if not raw.isdigit() or len(raw) > 12:
+        raise BadRequest("offset must be a non-negative integer")
+    lines, total = log_since(conn, job_id, int(raw))
+    dropped = 0
+    if len(lines) > LOG_PAGE:
+        dropped = len(lines) - LOG_PAGE
+        lines = lines[-LOG_PAGE:]
+    return _no_store(jsonify({"lines": lines, "next": total, "skipped": dropped}))
+
+
+@bp.post("/builds/<job_id>/cancel")
+def cancel(job_id: str) -> Response:
+    info = auth.require_scope("build")
+    auth.rate_limit(info)
+    conn = _conn()
+    if get_build(conn, _job_id(job_id)) is None:
+        raise NotFound("no such build")
+    if not cancel_build(conn, job_id):
+        raise Conflict("the build already ended")
+    status = get_build(conn, job_id)
+    return _no_store(jsonify({"id": job_id, "cancel_requested": True,
+                              "state": status.state.value if status else None}))
+
+
+@bp.get("/workers")
+def workers() -> Response:
+    conn = _conn()
+    ads: list[dict[str, Any]] = []
+    for ad in live_workers(conn):
+        item = asdict(ad)
+        item["cuda_versions"] = list(ad.cuda_versions)
+        ads.append(item)
+    pairs = sorted(servable(conn))
+    return _no_store(jsonify({"workers": ads,
+                              "servable": [{"cuda": c, "machine": m} for c, m in pairs]}))

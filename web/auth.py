@@ -1,0 +1,294 @@
+"""Who may do what: API tokens, form logins, CSRF, rate limits, optional read protection.
+
+- The API takes ``Authorization: Bearer <token>``. Forms take a login: the token is typed once
+  into ``/login`` and the session keeps only its digest, so revoking the token ends the session.
+- Every form POST carries a CSRF token bound to the session; API calls that authenticate with
+  the session cookie instead of a Bearer token must send it as ``X-CSRF-Token``.
+- Requests that cost build hours are counted per token in Redis (fixed windows), and failed
+  logins per client address.
+- ``Config.auth`` optionally protects reading: ``basic:USER:PASSWORD``, or ``token`` (any token
+  with the ``read`` scope, as Bearer or as the password of basic auth, which uv and pip send
+  from credentials in the index URL).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flask import Blueprint, Flask, current_app, g, request, session
+from werkzeug.datastructures import WWWAuthenticate
+from werkzeug.exceptions import (
+    BadRequest,
+    Forbidden,
+    ServiceUnavailable,
+    TooManyRequests,
+    Unauthorized,
+)
+
+from web.app import services
+from wheelhouse.tokens import TokenInfo, lookup_digest, verify_token
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+log = logging.getLogger(__name__)
+
+#: No routes of its own (sign-in is in ``web.pages``); registered for :func:`init_app`.
+bp = Blueprint("auth", __name__)
+
+SECRET_KEY = "wheelhouse:secret-key"  # noqa: S105 (a Redis key name)
+RATE_PREFIX = "wheelhouse:rate:"
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "X-CSRF-Token"
+#: Default budget of build-costing requests per token: ``COUNT/SECONDS``.
+DEFAULT_RATE_LIMIT = "30/60"
+DEFAULT_LOGIN_RATE_LIMIT = "10/60"
+#: Paths that never need read credentials (probes, the login form, static files).
+_OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/login", "/static/")
+
+
+@dataclass(frozen=True)
+class ReadAuth:
+    """The parsed ``Config.auth`` setting."""
+
+    mode: str
+    """``open``, ``basic`` or ``token``."""
+    user: str = ""
+    password: str = ""
+
+    @classmethod
+    def parse(cls, text: str | None) -> ReadAuth:
+        value = (text or "").strip()
+        if value in ("", "off", "none"):
+            return cls("open")
+        if value == "token":
+            return cls("token")
+        kind, _, rest = value.partition(":")
+        user, sep, password = rest.partition(":")
+        if kind == "basic" and sep and user and password:
+            return cls("basic", user, password)
+        raise ValueError("WHEELHOUSE_AUTH must be 'basic:USER:PASSWORD', 'token' or empty")
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    count: int
+    seconds: int
+
+    @classmethod
+    def parse(cls, text: str) -> RateLimit:
+        m = re.fullmatch(r"\s*([0-9]{1,7})\s*/\s*([0-9]{1,7})\s*", text)
+        if m is None or int(m.group(2)) == 0:
+            raise ValueError(f"a rate limit looks like COUNT/SECONDS, e.g. 30/60; got {text!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+def init_app(app: Flask) -> None:
+    svc = app.extensions["wheelhouse"]
+    app.secret_key = svc.config.secret_key or _shared_secret(svc.redis)
+    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
+                      SESSION_COOKIE_NAME="wheelhouse_session")
+    extra = svc.config.extra
+    app.extensions["wheelhouse.auth"] = {
+        "read": ReadAuth.parse(svc.config.auth),
+        "rate": RateLimit.parse(extra.get("WHEELHOUSE_RATE_LIMIT", DEFAULT_RATE_LIMIT)),
+        "login_rate": RateLimit.parse(
+            extra.get("WHEELHOUSE_LOGIN_RATE_LIMIT", DEFAULT_LOGIN_RATE_LIMIT)),
+    }
+    app.before_request(_protect_reads)
+    app.context_processor(lambda: {"csrf_token": csrf_token, "current_token": current_token})
+
+
+def _shared_secret(conn: Redis | None) -> str:
+    """One session secret for every server process: kept in Redis, else per process."""
+    if conn is not None:
+        from redis.exceptions import RedisError
+
+        try:
+            conn.set(SECRET_KEY, secrets.token_hex(32), nx=True)
+            raw = conn.get(SECRET_KEY)
+            if raw is not None:
+                return raw.decode() if isinstance(raw, bytes) else str(raw)
+        except RedisError as exc:
+            log.warning("no shared session secret (%s); sessions are per process", exc)
+    return secrets.token_hex(32)
+
+
+def _settings() -> dict[str, object]:
+    return current_app.extensions["wheelhouse.auth"]  # type: ignore[no-any-return]
+
+
+# -- identifying the caller --
+
+
+def _bearer() -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+def _basic() -> tuple[str, str] | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "basic" or len(value) > 4096:
+        return None
+    try:
+        user, sep, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
+
+
+def _redis() -> Redis | None:
+    return services().redis
+
+
+def current_token() -> TokenInfo | None:
+    """The token behind this request (Bearer, basic password, or the login session)."""
+    if "wh_token" in g:
+        return g.wh_token  # type: ignore[no-any-return]
+    from redis.exceptions import RedisError
+
+    info = None
+    conn = _redis()
+    if conn is not None:
+        bearer = _bearer()
+        basic = _basic()
+        try:
+            if bearer is not None:
+                info = verify_token(conn, bearer)
+            elif basic is not None:
+                info = verify_token(conn, basic[1])
+            elif isinstance(session.get("token"), str):
+                info = lookup_digest(conn, session["token"])
+                if info is None:
+                    session.pop("token", None)  # revoked since login
+        except RedisError as exc:
+            # Nobody is signed in while the queue is down; reads of the index still work.
+            log.warning("cannot check tokens: %s", exc)
+    g.wh_token = info
+    g.wh_via_session = info is not None and _bearer() is None and _basic() is None
+    return info
+
+
+def require_scope(scope: str) -> TokenInfo:
+    """The caller's token, which must allow ``scope``: 401 without one, 403 with the wrong one."""
+    if _redis() is None:
+        raise ServiceUnavailable("this server has no build queue (WHEELHOUSE_REDIS_URL is unset)")
+    presented = _bearer() is not None or _basic() is not None
+    info = current_token()
+    if info is None:
+        what = "invalid or revoked token" if presented else "this needs an API token"
+        raise Unauthorized(
+            f"{what}: send 'Authorization: Bearer <token>' "
+            "(create one with `wheelhouse token create NAME`)",
+            www_authenticate=_challenge("Bearer"),
+        )
+    if not info.allows(scope):
+        raise Forbidden(f"token {info.name!r} lacks the {scope!r} scope")
+    if g.get("wh_via_session") and request.method not in ("GET", "HEAD", "OPTIONS"):
+        check_csrf()
+    return info
+
+
+def _challenge(scheme: str) -> WWWAuthenticate:
+    return WWWAuthenticate(scheme, {"realm": "wheelhouse"})
+
+
+# -- CSRF --
+
+
+def csrf_token() -> str:
+    """This session's CSRF token, made on first use."""
+    token = session.get("csrf")
+    if not isinstance(token, str):
+        token = secrets.token_urlsafe(32)
+        session["csrf"] = token
+    return token
+
+
+def check_csrf() -> None:
+    """Refuse a state-changing request whose CSRF token is missing or not this session's."""
+    sent = request.form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER) or ""
+    expected = session.get("csrf")
+    if not isinstance(expected, str) or not hmac.compare_digest(sent.encode(), expected.encode()):
+        raise BadRequest("the form's CSRF token is missing or expired; reload the page and retry")
+
+
+def login(info: TokenInfo) -> None:
+    session.clear()  # a new identity gets a new CSRF token too
+    session["token"] = info.digest
+    session["name"] = info.name
+    session.permanent = True
+    g.wh_token = info
+
+
+def logout() -> None:
+    session.clear()
+    g.wh_token = None
+
+
+# -- rate limits --
+
+
+def _hit(key: str, limit: RateLimit) -> int | None:
+    """Count one hit in the current window; seconds to wait when over the limit, else None."""
+    conn = _redis()
+    if conn is None:
+        return None
+    window = int(time.time()) // limit.seconds
+    full = f"{RATE_PREFIX}{key}:{window}"
+    with conn.pipeline() as pipe:
+        pipe.incr(full)
+        pipe.expire(full, limit.seconds + 1)
+        count, _ = pipe.execute()
+    if int(count) > limit.count:
+        return (window + 1) * limit.seconds - int(time.time()) or 1
+    return None
+
+
+def rate_limit(info: TokenInfo) -> None:
+    """Count a build-costing request against ``info``'s budget; 429 once it is spent."""
+    limit = _settings()["rate"]
+    assert isinstance(limit, RateLimit)
+    wait = _hit("token:" + info.digest[:32], limit)
+    if wait is not None:
+        raise TooManyRequests(
+            f"token {info.name!r} made more than {limit.count} requests in {limit.seconds} s; "
+            f"retry in {wait} s", retry_after=wait)
+
+
+def rate_limit_login() -> None:
+    limit = _settings()["login_rate"]
+    assert isinstance(limit, RateLimit)
+    wait = _hit("login:" + (request.remote_addr or "unknown")[:64], limit)
+    if wait is not None:
+        raise TooManyRequests(f"too many failed sign-ins; retry in {wait} s", retry_after=wait)
+
+
+# -- read protection --
+
+
+def _protect_reads() -> None:
+    read = _settings()["read"]
+    assert isinstance(read, ReadAuth)
+    if read.mode == "open" or request.path.startswith(_OPEN_PATHS):
+        return
+    if read.mode == "basic":
+        creds = _basic()
+        if creds is not None and hmac.compare_digest(creds[0].encode(), read.user.encode()) \
+                and hmac.compare_digest(creds[1].encode(), read.password.encode()):
+            return
+    info = current_token()
+    if info is not None and info.allows("read"):
+        return
+    raise Unauthorized("this index is private: give credentials (basic auth or a read token)",
+                       www_authenticate=_challenge("Basic"))

@@ -1,0 +1,140 @@
+"""The build matrix: project x version x variant x Python, from the catalog and the queue.
+
+Built from two bulk reads: the catalog (in memory) and every build job fetched in one Redis
+pipeline, so the page costs O(wheels + jobs), never a request per cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from web.builds import all_build_jobs, job_state
+from wheelhouse.catalog import Catalog
+from wheelhouse.errors import InvalidVariant
+from wheelhouse.queue import BuildState
+from wheelhouse.variants import Variant
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from rq.job import Job
+
+#: When a wheel and jobs meet in one cell, the first state here wins.
+_PRIORITY = {BuildState.BUILT: 0, BuildState.BUILDING: 1, BuildState.QUEUED: 2,
+             BuildState.FAILED: 3, BuildState.CANCELLED: 4}
+
+
+@dataclass
+class Cell:
+    state: str
+    job_id: str | None = None
+    progress: tuple[int, int] | None = None
+    reason: str | None = None
+    wheel: str | None = None
+
+    @property
+    def percent(self) -> int | None:
+        if not self.progress or not self.progress[1]:
+            return None
+        return int(100 * self.progress[0] / self.progress[1])
+
+
+@dataclass
+class ProjectMatrix:
+    project: str
+    versions: list[str] = field(default_factory=list)
+    columns: list[tuple[str, str]] = field(default_factory=list)
+    """(variant key, Python) pairs, sorted."""
+    cells: dict[tuple[str, str, str], Cell] = field(default_factory=dict)
+
+    def cell(self, version: str, variant: str, python: str) -> Cell:
+        return self.cells.get((version, variant, python), Cell("missing"))
+
+    def variants(self) -> list[tuple[str, int]]:
+        """Variant keys with how many Python columns each spans (for the grouped header)."""
+        out: list[tuple[str, int]] = []
+        for variant, _ in self.columns:
+            if out and out[-1][0] == variant:
+                out[-1] = (variant, out[-1][1] + 1)
+            else:
+                out.append((variant, 1))
+        return out
+
+
+def python_of(tags: Iterable[object]) -> str | None:
+    """``3.11`` for a cp311 wheel; None for tags that name no CPython."""
+    for tag in tags:
+        interpreter = getattr(tag, "interpreter", "")
+        if interpreter.startswith("cp3") and interpreter[3:].isdigit():
+            return f"3.{interpreter[3:]}"
+    return None
+
+
+def _version_key(v: str) -> tuple[int, Version | str]:
+    try:
+        return (1, Version(v))
+    except InvalidVersion:
+        return (0, v)
+
+
+def _variant_sort(key: str) -> tuple[int, Variant | str]:
+    try:
+        from wheelhouse.variants import parse_variant
+
+        return (1, parse_variant(key))
+    except InvalidVariant:
+        return (0, key)
+
+
+def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = None,
+                 jobs: list[Job] | None = None) -> list[ProjectMatrix]:
+    """Every project's matrix (or one project's), wheels first, then jobs on top."""
+    by_project: dict[str, ProjectMatrix] = {}
+
+    def place(proj: str, version: str, variant: str, python: str, cell: Cell) -> None:
+        if project is not None and proj != project:
+            return
+        pm = by_project.setdefault(proj, ProjectMatrix(proj))
+        key = (version, variant, python)
+        old = pm.cells.get(key)
+        if old is None or _PRIORITY[BuildState(cell.state)] < _PRIORITY[BuildState(old.state)]:
+            pm.cells[key] = cell
+
+    for record in catalog.all_records():
+        try:
+            _, version, _, tags = parse_wheel_filename(record.filename)
+        except InvalidWheelFilename:
+            continue
+        python = python_of(tags)
+        if python is None:
+            continue
+        place(record.project, str(version.public), record.variant, python,
+              Cell(BuildState.BUILT.value, wheel=record.filename))
+    if conn is not None:
+        for job in jobs if jobs is not None else all_build_jobs(conn):
+            spec = job.meta.get("spec") or {}
+            try:
+                variant = Variant.of(spec["torch"], spec["cuda"], spec.get("archs") or (),
+                                     spec.get("cxx11abi")).key
+                proj, job_version = str(spec["project"]), str(spec["version"])
+                python = str(spec["python"])
+            except (KeyError, TypeError, InvalidVariant):
+                continue  # not one of ours
+            state = job_state(job)
+            failure = job.meta.get("failure") or {}
+            progress = job.meta.get("progress")
+            place(proj, job_version, variant, python, Cell(
+                state.value, job_id=job.id,
+                progress=(int(progress[0]), int(progress[1])) if progress else None,
+                reason=failure.get("reason") if state is BuildState.FAILED else None))
+    for pm in by_project.values():
+        versions = {k[0] for k in pm.cells}
+        pm.versions = sorted(versions, key=_version_key, reverse=True)
+        columns = {(k[1], k[2]) for k in pm.cells}
+        pm.columns = sorted(columns, key=lambda c: (_variant_sort(c[0]),
+                                                    tuple(int(p) for p in c[1].split("."))))
+    return [by_project[p] for p in sorted(by_project)]
