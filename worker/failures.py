@@ -33,7 +33,7 @@ _INCOMPATIBLE: list[tuple[re.Pattern[str], str]] = [
      "{project} {version} compiles as C++17, but torch {torch}'s headers need C++20 "
      "(std::strong_ordering); this combination needs a newer {project}"),
     (re.compile(r"detected CUDA version \((?P<nvcc>[0-9.]+)\) mismatches the version that was "
-                r"used to compile\s+PyTorch \((?P<torch>[0-9.]+)\)"),
+                r"used to compile\s+PyTorch \((?P<torch_cuda>[0-9.]+)\)"),
      "nvcc {nvcc} does not match the CUDA {torch_cuda} torch was built with"),
     (re.compile(r"Unsupported gpu architecture '(?P<arch>[a-z_0-9]+)'"),
      "the CUDA {cuda} toolkit does not support GPU architecture {arch}"),
@@ -62,7 +62,7 @@ def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
         m = pattern.search(log)
         if m is not None:
             return Classified(FailureKind.INCOMPATIBLE,
-                              template.format(**values, **m.groupdict()))
+                              template.format(**{**values, **m.groupdict()}))
     if oom or _OOM.search(log):
         target = _NINJA_FAILED.search(log)
         where = f" while compiling {_short(target.group('target'))}" if target else ""

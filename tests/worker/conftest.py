@@ -1,0 +1,89 @@
+"""Worker test helpers: the nvcc gate, the fixture extension's sdist, and a build config."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from wheelhouse.config import Config
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+CUDAEXT = FIXTURES / "cudaext"
+FIXTURE_RECIPES = FIXTURES / "recipes"
+#: Where torch 2.14.1 (CUDA 13.0) and its nvidia wheels are on local disk on the test machines.
+TORCH_FIND_LINKS = os.environ.get("WHEELHOUSE_TEST_TORCH_FIND_LINKS", "/opt/pypi-more/files")
+
+
+def nvcc_missing() -> str | None:
+    """Why the nvcc tests can't run here, or None."""
+    from worker.capabilities import discover_toolkits
+
+    if not any(t.cuda.startswith("13.") for t in discover_toolkits()):
+        return "no CUDA 13.x toolkit (nvcc) found"
+    if shutil.which("uv") is None:
+        return "uv is not installed"
+    if not any(Path(TORCH_FIND_LINKS).glob("torch-2.14.*.whl")):
+        return f"no torch 2.14 wheel in {TORCH_FIND_LINKS} (set WHEELHOUSE_TEST_TORCH_FIND_LINKS)"
+    return None
+
+
+def require_nvcc() -> None:
+    """Skip with the reason, or fail where ``WHEELHOUSE_REQUIRE_NVCC=1`` makes these mandatory."""
+    reason = nvcc_missing()
+    if reason is None:
+        return
+    if os.environ.get("WHEELHOUSE_REQUIRE_NVCC") == "1":
+        pytest.fail(f"nvcc tests are mandatory here (WHEELHOUSE_REQUIRE_NVCC=1), but {reason}")
+    pytest.skip(reason)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("nvcc") is not None:
+        require_nvcc()
+
+
+def make_sdist(src: Path, dest_dir: Path, name: str, version: str) -> Path:
+    """A plain sdist (``name-version/`` plus PKG-INFO) of a source tree, without running setup.py.
+
+    The fixture's setup.py imports torch, which the test runner need not have.
+    """
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    path = dest_dir / f"{name}-{version}.tar.gz"
+    root = f"{name}-{version}"
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if any(p in ("__pycache__", "build", "dist") or p.endswith(".egg-info") for p in parts):
+            return None
+        return info
+
+    with tarfile.open(path, "w:gz") as tf:
+        tf.add(src, arcname=root, filter=keep)
+        pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+        info = tarfile.TarInfo(f"{root}/PKG-INFO")
+        info.size = len(pkg_info)
+        tf.addfile(info, io.BytesIO(pkg_info))
+    return path
+
+
+def build_config(tmp_path: Path, **overrides: object) -> Config:
+    """Storage and workspace in tmp_path; torch from the local wheels, the rest from PyPI."""
+    values: dict[str, object] = {
+        "storage": str(tmp_path / "data"),
+        "workspace": str(tmp_path / "work"),
+        "torch_index_url": "",
+        "torch_find_links": TORCH_FIND_LINKS,
+        "recipe_dirs": str(FIXTURE_RECIPES),
+    }
+    values.update(overrides)
+    return Config(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def cudaext_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_sdist(CUDAEXT, tmp_path_factory.mktemp("sdist"), "cudaext", "0.1.0")

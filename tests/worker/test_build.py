@@ -1,0 +1,270 @@
+"""The build pipeline's parts that need no nvcc: classification, sdist fetching, environment."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import threading
+import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import psutil
+import pytest
+
+from tests.worker.conftest import build_config
+from wheelhouse.buildspec import BuildSpec, FailureKind
+from wheelhouse.errors import BuildFailed
+from wheelhouse.fleet import ToolkitInfo
+from wheelhouse.storage import open_storage
+from worker.build import extension_modules, log_key, run_build, sanitized_env
+from worker.cli import parse_target
+from worker.failures import InfrastructureError, classify_log, with_retries
+from worker.reaper import BUILD_ID_ENV
+from worker.sdist import download_sdist, find_sdist, unpack
+
+FA = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.14", cuda="13.0")
+
+# Trimmed from a real flash-attn 2.8.3 build against torch 2.14.1 with nvcc 13.0.
+CXX20_LOG = """\
+[1/96] /usr/local/cuda-13.0/bin/nvcc -c csrc/flash_attn/src/flash_fwd_hdim128_fp16_sm80.cu \
+-std=c++17 --use_fast_math
+FAILED: /w/build/temp.linux-x86_64-cpython-311/csrc/flash_attn/src/flash_fwd_hdim128_fp16_sm80.o
+/w/venv/lib/python3.11/site-packages/torch/include/torch/csrc/api/include/torch/all.h:5:2: \
+error: #error C++20 or later compatible compiler is required to use PyTorch.
+/w/venv/lib/python3.11/site-packages/torch/include/c10/util/intrusive_ptr.h(80): error: \
+namespace "std" has no member "strong_ordering"
+ninja: build stopped: subcommand failed.
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "reason"),
+    [
+        (CXX20_LOG, FailureKind.INCOMPATIBLE,
+         "flash-attn 2.8.3 compiles as C++17, but torch 2.14's headers need C++20"),
+        ("RuntimeError:\nThe detected CUDA version (12.8) mismatches the version that was used "
+         "to compile\nPyTorch (13.0). Please make sure to use the same CUDA versions.",
+         FailureKind.INCOMPATIBLE, "nvcc 12.8 does not match the CUDA 13.0"),
+        ("nvcc fatal   : Unsupported gpu architecture 'compute_61'", FailureKind.INCOMPATIBLE,
+         "does not support GPU architecture compute_61"),
+        ("FAILED: /w/build/x/flash_bwd_hdim256_fp16_sm80.o\n"
+         "nvcc error   : 'cicc' died due to signal 9 (Kill signal)\n",
+         FailureKind.OOM,
+         "killed for lack of memory while compiling flash_bwd_hdim256_fp16_sm80.o"),
+        ("FAILED: /w/build/add.o\n/w/src/csrc/add.cu(7): error: identifier \"oops\" is undefined\n"
+         "1 error detected", FailureKind.COMPILE_ERROR, 'add.cu(7): error: identifier "oops"'),
+        ("FAILED: /w/build/b.o\n/w/src/csrc/b.cpp:3:1: error: expected ';' before '}' token\n",
+         FailureKind.COMPILE_ERROR, "b.cpp:3:1: error: expected ';'"),
+        ("Traceback (most recent call last):\nModuleNotFoundError: No module named 'einops'\n",
+         FailureKind.COMPILE_ERROR, "No module named 'einops'"),
+    ],
+)
+def test_classify_says_why_in_one_line(log: str, kind: FailureKind, reason: str) -> None:
+    found = classify_log(log, FA)
+    assert found.kind is kind
+    assert reason in found.reason
+    assert "\n" not in found.reason and len(found.reason) <= 300
+    assert "/w/" not in found.reason  # workspace paths are noise
+
+
+def test_governor_verdict_makes_it_oom() -> None:
+    assert classify_log("ninja: build stopped", FA, oom=True).kind is FailureKind.OOM
+
+
+def test_infrastructure_failures_are_retried_then_classified() -> None:
+    calls: list[float] = []
+    with pytest.raises(BuildFailed) as err:
+        with_retries("uploading", lambda: (_ for _ in ()).throw(InfrastructureError("503")),
+                     attempts=3, delays=(1, 5), sleep=calls.append)
+    assert calls == [1, 5]
+    assert err.value.kind == "infrastructure" and "after 3 attempts: 503" in err.value.reason
+    flaky = iter([InfrastructureError("reset"), None])
+
+    def once_flaky() -> str:
+        exc = next(flaky)
+        if exc:
+            raise exc
+        return "ok"
+
+    assert with_retries("x", once_flaky, sleep=calls.append) == "ok"
+
+
+# --- sdists from an index, over real HTTP ---------------------------------------------------
+
+class _Index(BaseHTTPRequestHandler):
+    files: ClassVar[dict[str, bytes]] = {}
+
+    def do_GET(self) -> None:
+        parts = self.path.strip("/").split("/")
+        if parts[0] == "files" and parts[-1] in self.files:
+            self._send(self.files[parts[-1]], "application/octet-stream")
+        elif len(parts) == 2 and parts[1] == "demo-ext":
+            data = self.files["demo_ext-1.0.tar.gz"]
+            good = hashlib.sha256(data).hexdigest()
+            sha = {"json": good, "html": good, "bad": "0" * 64, "nohash": None}[parts[0]]
+            if parts[0] == "html":
+                body = (f'<a href="../../files/demo_ext-1.0.tar.gz#sha256={sha}">'
+                        "demo_ext-1.0.tar.gz</a>").encode()
+                self._send(body, "text/html")
+            else:
+                files = [{"filename": "demo_ext-1.0.tar.gz",
+                          "url": "../../files/demo_ext-1.0.tar.gz",
+                          "hashes": {"sha256": sha} if sha else {}},
+                         {"filename": "demo_ext-0.9.tar.gz", "url": "../../files/x",
+                          "hashes": {"sha256": "1" * 64}}]
+                self._send(json.dumps({"meta": {"api-version": "1.0"}, "files": files}).encode(),
+                           "application/vnd.pypi.simple.v1+json")
+        else:
+            self.send_error(404)
+
+    def _send(self, body: bytes, ctype: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[str]:
+    src = tmp_path / "demo"
+    (src / "demo_ext").mkdir(parents=True)
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='demo-ext')\n")
+    from tests.worker.conftest import make_sdist
+
+    _Index.files = {"demo_ext-1.0.tar.gz": make_sdist(src, tmp_path, "demo_ext", "1.0")
+                    .read_bytes()}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Index)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("flavour", ["json", "html"])
+def test_fetch_verifies_and_unpacks(index: str, tmp_path: Path, flavour: str) -> None:
+    link = find_sdist(f"{index}/{flavour}/", "Demo_Ext", "1.0")
+    assert link.filename == "demo_ext-1.0.tar.gz" and link.url.startswith(index + "/files/")
+    path = download_sdist(link, tmp_path / "dl")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == link.sha256
+    project = unpack(path, tmp_path / "src")
+    assert (project / "setup.py").is_file() and project.name == "demo_ext-1.0"
+
+
+def test_fetch_refuses_bad_or_missing_hashes_and_versions(index: str, tmp_path: Path) -> None:
+    with pytest.raises(InfrastructureError, match="does not match"):
+        download_sdist(find_sdist(f"{index}/bad/", "demo-ext", "1.0"), tmp_path / "dl")
+    assert not list((tmp_path / "dl").iterdir())  # no partial file left behind
+    with pytest.raises(BuildFailed, match="no sha256"):
+        download_sdist(find_sdist(f"{index}/nohash/", "demo-ext", "1.0"), tmp_path / "dl")
+    with pytest.raises(BuildFailed, match=r"demo-ext 2\.0 has no sdist"):
+        find_sdist(f"{index}/json/", "demo-ext", "2.0")
+    with pytest.raises(BuildFailed, match="has no sdist"):
+        find_sdist(f"{index}/json/", "unknown-project", "1.0")
+    with pytest.raises(InfrastructureError):
+        find_sdist("http://127.0.0.1:9/simple/", "demo-ext", "1.0")  # nothing listens
+
+
+def test_unpack_refuses_escaping_members(tmp_path: Path) -> None:
+    import tarfile
+
+    evil = tmp_path / "evil-1.0.tar.gz"
+    with tarfile.open(evil, "w:gz") as tf:
+        info = tarfile.TarInfo("../../escaped.txt")
+        tf.addfile(info)
+    with pytest.raises(tarfile.TarError):
+        unpack(evil, tmp_path / "out")
+    assert not (tmp_path.parent / "escaped.txt").exists()
+
+
+# --- the environment a build sees ------------------------------------------------------------
+
+def test_sanitized_env_drops_credentials_and_switches() -> None:
+    worker_env = {
+        "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C",
+        "AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s", "WHEELHOUSE_REDIS_URL": "r",
+        "WHEELHOUSE_STORAGE": "s3://b", "REDIS_URL": "redis://", "GITHUB_TOKEN": "t",
+        "HF_TOKEN": "t", "MY_API_KEY": "k", "TORCH_CUDA_ARCH_LIST": "5.0", "MAX_JOBS": "99",
+        "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE", "CUDA_HOME": "/wrong", "PYTHONPATH": "/x",
+        "HTTPS_PROXY": "http://user:pw@proxy", "UV_CACHE_DIR": "/cache",
+    }
+    assert sanitized_env(worker_env) == {
+        "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C",
+        "UV_CACHE_DIR": "/cache"}
+    assert sanitized_env(worker_env, install=True)["HTTPS_PROXY"] == "http://user:pw@proxy"
+
+
+def test_extension_modules(tmp_path: Path) -> None:
+    wheel = tmp_path / "x-1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name in ("pkg/__init__.py", "pkg/_C.cpython-311-x86_64-linux-gnu.so",
+                     "flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so",
+                     "x-1.0.data/data/lib.so", "x-1.0.dist-info/METADATA"):
+            zf.writestr(name, b"")
+    assert extension_modules(wheel) == ["flash_attn_2_cuda", "pkg._C"]
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [("flash-attn==2.8.3", ("flash-attn", "2.8.3", None)),
+     ("Flash_Attn === 2.8.3.post1", ("Flash_Attn", "2.8.3.post1", None))],
+)
+def test_parse_target(target: str, expected: tuple[str, str, None]) -> None:
+    assert parse_target(target) == expected
+
+
+@pytest.mark.parametrize("target", ["flash-attn", "flash-attn>=2.8", "flash-attn==2.*",
+                                    "flash-attn==2.8.3,!=2.8.2", "; rm -rf /"])
+def test_parse_target_wants_one_exact_version(target: str) -> None:
+    from wheelhouse.errors import InvalidBuildSpec
+
+    with pytest.raises(InvalidBuildSpec):
+        parse_target(target)
+
+
+def test_build_cli_rejects_bad_input_without_a_traceback(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [shutil.which("wheelhouse") or "wheelhouse", "build", "flash-attn==2.8.3",
+         "--torch", "2.14", "--cuda", "10.2"], capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "WHEELHOUSE_STORAGE": str(tmp_path / "data")})
+    assert out.returncode == 2
+    assert "unknown CUDA version '10.2'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_timeout_kills_the_build_and_stores_the_log(tmp_path: Path, cudaext_sdist: Path) -> None:
+    """A 2 s deadline hits while uv installs torch: classified, logged, and nothing survives."""
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not installed")
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+    spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
+                            archs=["80"])
+    toolkit = ToolkitInfo(cuda="13.0", home="/nonexistent", nvcc="/nonexistent/bin/nvcc")
+    with pytest.raises(BuildFailed) as err:
+        run_build(spec, config=config, storage=storage, source=cudaext_sdist, timeout=2,
+                  toolkits=[toolkit], build_id="build-timeout-test")
+    assert err.value.kind == FailureKind.TIMEOUT.value
+    assert "2 s deadline" in err.value.reason
+    log = storage.get_bytes(log_key(spec)).decode()
+    assert "FAILED [timeout]" in log and "uv" in log
+    survivors = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(BUILD_ID_ENV) == "build-timeout-test":
+                survivors.append(proc)
+        except psutil.Error:
+            continue
+    assert survivors == []
+    assert not list((tmp_path / "work").iterdir())  # the workspace is removed
