@@ -1,0 +1,217 @@
+"""The JSON build API against a real Redis: requests, look-ups, logs, cancel, hostile input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from redis import Redis
+
+from tests.helpers import make_wheel
+from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, token
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.publish import publish
+from wheelhouse.queue import BuildState, append_log, get_build
+
+
+@pytest.fixture
+def conn(redis_url: str) -> Redis:
+    return Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def app(redis_url: str, tmp_path: Path) -> Flask:
+    return make_app(redis_url, tmp_path)
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def tok(conn: Redis) -> str:
+    advertise_worker(conn)
+    return token(conn)
+
+
+def test_request_creates_one_build_per_python_and_finds_them_again(
+        client: FlaskClient, tok: str, conn: Redis) -> None:
+    body = {**GOOD, "python": ["3.11", "3.12", "cp311"]}
+    resp = client.post("/api/builds", json=body, headers=bearer(tok))
+    assert resp.status_code == 201, resp.json
+    builds = resp.json["builds"]
+    assert [b["python"] for b in builds] == ["3.11", "3.12"]  # cp311 is 3.11: deduplicated
+    assert all(b["created"] and b["state"] == "queued" for b in builds)
+    spec = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.8", cuda="12.8",
+                            archs=["90"])
+    assert builds[0]["id"] == spec.job_id
+    assert builds[0]["variant"] == "torch2.8-cu128-sm90"
+    assert builds[0]["url"].endswith(f"/builds/{spec.job_id}")
+    status = get_build(conn, spec.job_id)
+    assert status is not None and status.state is BuildState.QUEUED
+
+    again = client.post("/api/builds", json=body, headers=bearer(tok))
+    assert again.status_code == 200
+    assert [b["id"] for b in again.json["builds"]] == [b["id"] for b in builds]
+    assert not any(b["created"] for b in again.json["builds"])
+
+
+def test_archs_may_be_omitted_for_the_recipe_default(client: FlaskClient, tok: str) -> None:
+    body = {k: v for k, v in GOOD.items() if k != "archs"}
+    resp = client.post("/api/builds", json=body, headers=bearer(tok))
+    assert resp.status_code == 201
+    assert resp.json["builds"][0]["variant"] == "torch2.8-cu128"
+
+
+def test_a_published_wheel_is_linked_not_rebuilt(
+        client: FlaskClient, tok: str, conn: Redis, app: Flask, tmp_path: Path) -> None:
+    spec = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.8", cuda="12.8")
+    wheel = make_wheel(tmp_path / "w", "flash-attn", str(spec.wheel_version),
+                       tag="cp311-cp311-linux_x86_64")
+    publish(app.extensions["wheelhouse"].storage, wheel, spec.variant)
+    body = {**GOOD, "archs": [], "python": ["3.11"]}
+    resp = client.post("/api/builds", json=body, headers=bearer(tok))
+    assert resp.status_code == 200
+    [b] = resp.json["builds"]
+    assert b["state"] == "built" and not b["created"] and b["wheel"] == wheel.name
+    assert get_build(conn, spec.job_id) is None  # nothing was enqueued
+
+
+def test_unservable_combination_is_a_clear_409(client: FlaskClient, tok: str) -> None:
+    resp = client.post("/api/builds", json={**GOOD, "cuda": "13.0"}, headers=bearer(tok))
+    assert resp.status_code == 409
+    assert "CUDA 13.0" in resp.json["error"] and "12.8" in resp.json["error"]
+
+
+def test_no_worker_at_all_is_explained(client: FlaskClient, conn: Redis) -> None:
+    tok = token(conn)  # no worker advertised
+    resp = client.post("/api/builds", json=GOOD, headers=bearer(tok))
+    assert resp.status_code == 409
+    assert "no build worker is running" in resp.json["error"]
+
+
+def test_build_status_progress_log_and_cancel(client: FlaskClient, tok: str, conn: Redis) -> None:
+    [b] = client.post("/api/builds", json=GOOD, headers=bearer(tok)).json["builds"]
+    job_id = b["id"]
+    view = client.get(f"/api/builds/{job_id}").json
+    assert view["state"] == "queued" and view["position"] == 0
+    assert view["spec"]["project"] == "flash-attn"
+    assert view["urls"]["page"] == f"/builds/{job_id}"
+
+    append_log(conn, job_id, [f"[{i}/10] nvcc kernel_{i}.cu" for i in range(1, 4)])
+    log = client.get(f"/api/builds/{job_id}/log").json
+    assert log["lines"][-1] == "[3/10] nvcc kernel_3.cu" and log["next"] == 3
+    append_log(conn, job_id, ["[4/10] nvcc kernel_4.cu"])
+    more = client.get(f"/api/builds/{job_id}/log?offset={log['next']}").json
+    assert more["lines"] == ["[4/10] nvcc kernel_4.cu"] and more["next"] == 4
+
+    resp = client.post(f"/api/builds/{job_id}/cancel", headers=bearer(tok))
+    assert resp.status_code == 200 and resp.json["state"] == "cancelled"
+    assert client.get(f"/api/builds/{job_id}").json["state"] == "cancelled"
+    again = client.post(f"/api/builds/{job_id}/cancel", headers=bearer(tok))
+    assert again.status_code == 409
+
+
+def test_unknown_build_is_404(client: FlaskClient, tok: str) -> None:
+    assert client.get("/api/builds/build-nope-1").status_code == 404
+    assert client.get("/api/builds/bad.id").status_code == 404
+    assert client.post("/api/builds/build-nope-1/cancel", headers=bearer(tok)).status_code == 404
+
+
+def test_workers_lists_the_fleet(client: FlaskClient, tok: str) -> None:
+    data = client.get("/api/workers").json
+    assert [w["name"] for w in data["workers"]] == ["gpu-1"]
+    assert {"cuda": "12.8", "machine": "x86_64"} in data["servable"]
+    assert {"cuda": "12.1", "machine": "x86_64"} in data["servable"]  # older minor of 12.x
+    assert {"cuda": "13.0", "machine": "x86_64"} not in data["servable"]
+
+
+def test_without_redis_the_api_says_so(tmp_path: Path) -> None:
+    from web import create_app
+    from wheelhouse.config import Config
+
+    app = create_app(Config(storage=str(tmp_path / "d")))
+    resp = app.test_client().get("/api/workers")
+    assert resp.status_code == 503 and "WHEELHOUSE_REDIS_URL" in resp.json["error"]
+
+
+# -- hostile input: always a JSON 4xx naming the field, never a 500 --
+
+HUGE = "x" * 10_000
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"project": "flash-attn; rm -rf /"}, "project"),
+    ({"project": "$(reboot)"}, "project"),
+    ({"project": "../../etc/passwd"}, "project"),
+    ({"project": HUGE}, "project"),
+    ({"project": "not-a-recipe"}, "project"),
+    ({"project": None}, "project"),
+    ({"project": 42}, "project"),
+    ({"version": "2.8.3; touch /tmp/pwned"}, "version"),
+    ({"version": "`id`"}, "version"),
+    ({"version": "../../../x"}, "version"),
+    ({"version": "latest"}, "version"),
+    ({"version": "2.8.3+cu128torch2.8"}, "version"),
+    ({"version": HUGE}, "version"),
+    ({"version": ["2.8.3"]}, "version"),
+    ({"torch": "2"}, "torch"),
+    ({"torch": "nightly && curl evil"}, "torch"),
+    ({"cuda": "99.9"}, "cuda"),
+    ({"cuda": "12.8 | sh"}, "cuda"),
+    ({"cuda": HUGE}, "cuda"),
+    ({"python": []}, "python"),
+    ({"python": ["2.7"]}, "python"),
+    ({"python": ["3.11; id"]}, "python"),
+    ({"python": [HUGE]}, "python"),
+    ({"python": ["3.11"] * 50}, "python"),
+    ({"python": [{"a": 1}]}, "python"),
+    ({"archs": ["sm_999"]}, "archs"),
+    ({"archs": ["../sm90"]}, "archs"),
+    ({"archs": [HUGE]}, "archs"),
+    ({"archs": "sm90$(x)"}, "archs"),
+    ({"archs": [["nested"]]}, "archs"),
+    ({"machine": "riscv64"}, "machine"),
+    ({"machine": "x86_64\nrm"}, "machine"),
+    ({"surprise": "field"}, "_"),
+])
+def test_hostile_fields_get_a_json_400_naming_the_field(
+        client: FlaskClient, tok: str, conn: Redis, change: dict[str, object], field: str) -> None:
+    resp = client.post("/api/builds", json={**GOOD, **change}, headers=bearer(tok))
+    assert resp.status_code == 400, resp.text
+    assert resp.is_json
+    assert field in resp.json["fields"]
+    assert len(resp.json["error"]) < 2000  # never echoes a 10 kB value back
+    assert not any(k.startswith(b"rq:job:") for k in conn.keys())  # nothing enqueued
+
+
+@pytest.mark.parametrize("body", [
+    b"not json", b"[1, 2]", b'"string"', b"null", b"{" * 5000, b'{"project": "\xff\xfe"}',
+])
+def test_malformed_bodies_are_400(client: FlaskClient, tok: str, body: bytes) -> None:
+    resp = client.post("/api/builds", data=body, headers={**bearer(tok),
+                                                          "Content-Type": "application/json"})
+    assert resp.status_code == 400 and resp.is_json
+
+
+def test_oversized_body_is_refused(client: FlaskClient, tok: str) -> None:
+    resp = client.post("/api/builds", json={**GOOD, "pad": "x" * 100_000}, headers=bearer(tok))
+    assert resp.status_code == 400 and resp.is_json
+
+
+@pytest.mark.parametrize("path", [
+    "/api/builds/..%2F..%2Fetc%2Fpasswd", "/api/builds/" + "a" * 10_000,
+    "/api/builds/x;rm%20-rf/log", "/api/builds/%00/log",
+])
+def test_hostile_build_ids_are_404(client: FlaskClient, path: str) -> None:
+    resp = client.get(path)
+    assert resp.status_code == 404 and resp.is_json
+
+
+@pytest.mark.parametrize("offset", ["-1", "abc", "1e9", "9" * 40])
+def test_bad_log_offsets_are_400(client: FlaskClient, offset: str) -> None:
+    resp = client.get(f"/api/builds/build-x/log?offset={offset}")
+    assert resp.status_code == 400 and resp.is_json

@@ -1,0 +1,335 @@
+"""Tokens, API auth, sign-in sessions, CSRF, rate limits and read protection, on real Redis."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from flask import Flask
+from flask.testing import FlaskClient
+from redis import Redis
+
+from tests.helpers import clean_env, make_venv, make_wheel, start_index
+from tests.web.buildhelpers import (
+    GOOD,
+    advertise_worker,
+    bearer,
+    csrf_of,
+    make_app,
+    sign_in,
+    token,
+)
+from wheelhouse.cli import main
+from wheelhouse.config import Config
+from wheelhouse.publish import publish
+from wheelhouse.storage import open_storage
+from wheelhouse.tokens import (
+    TokenError,
+    create_token,
+    digest,
+    list_tokens,
+    revoke_token,
+    verify_token,
+)
+from wheelhouse.variants import parse_variant
+
+
+@pytest.fixture
+def conn(redis_url: str) -> Redis:
+    return Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def app(redis_url: str, tmp_path: Path) -> Flask:
+    return make_app(redis_url, tmp_path)
+
+
+@pytest.fixture
+def client(app: Flask, conn: Redis) -> FlaskClient:
+    advertise_worker(conn)
+    return app.test_client()
+
+
+def _all_redis_bytes(conn: Redis) -> bytes:
+    out = []
+    for key in conn.keys():
+        out.append(key)
+        kind = conn.type(key)
+        if kind == b"string":
+            out.append(conn.get(key) or b"")
+        elif kind == b"hash":
+            for k, v in conn.hgetall(key).items():
+                out += [k, v]
+        elif kind == b"list":
+            out += conn.lrange(key, 0, -1)
+    return b"\n".join(out)
+
+
+# -- tokens --
+
+
+def test_tokens_are_stored_hashed_verified_and_revoked(conn: Redis) -> None:
+    tok = create_token(conn, "ci-bot", ["build"])
+    assert tok.startswith("whk_") and len(tok) > 40
+    stored = _all_redis_bytes(conn)
+    assert tok.encode() not in stored and tok[4:].encode() not in stored
+    assert digest(tok).encode() in stored
+    info = verify_token(conn, tok)
+    assert info is not None and info.name == "ci-bot" and info.scopes == ("build",)
+    assert verify_token(conn, tok + "x") is None
+    assert verify_token(conn, "whk_" + "A" * 43) is None
+    assert [i.name for i in list_tokens(conn)] == ["ci-bot"]
+    with pytest.raises(TokenError, match="exists"):
+        create_token(conn, "ci-bot")
+    assert revoke_token(conn, "ci-bot") is True
+    assert verify_token(conn, tok) is None
+    assert revoke_token(conn, "ci-bot") is False
+    assert list_tokens(conn) == []
+
+
+@pytest.mark.parametrize("name", ["", "a b", "../x", "x" * 65, "-lead", "a;b", "ü"])
+def test_bad_token_names_are_refused(conn: Redis, name: str) -> None:
+    with pytest.raises(TokenError):
+        create_token(conn, name)
+
+
+def test_unknown_scopes_are_refused(conn: Redis) -> None:
+    with pytest.raises(TokenError, match="scope"):
+        create_token(conn, "x", ["admin"])
+
+
+def test_token_cli_prints_once_and_revokes(
+        redis_url: str, conn: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WHEELHOUSE_REDIS_URL", redis_url)
+    runner = CliRunner()
+    made = runner.invoke(main, ["token", "create", "alice", "--scope", "read"])
+    assert made.exit_code == 0, made.output
+    tok = made.stdout.strip()
+    info = verify_token(conn, tok)
+    assert info is not None and info.scopes == ("read",)
+    listed = runner.invoke(main, ["token", "list"])
+    assert "alice\tread" in listed.stdout and tok not in listed.stdout
+    assert runner.invoke(main, ["token", "create", "alice"]).exit_code == 1
+    gone = runner.invoke(main, ["token", "revoke", "alice"])
+    assert gone.exit_code == 0 and verify_token(conn, tok) is None
+    assert runner.invoke(main, ["token", "revoke", "alice"]).exit_code == 1
+
+
+# -- API auth --
+
+
+def test_api_without_token_is_401_with_a_challenge(client: FlaskClient) -> None:
+    resp = client.post("/api/builds", json=GOOD)
+    assert resp.status_code == 401 and resp.is_json
+    assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert "needs an API token" in resp.json["error"]
+
+
+@pytest.mark.parametrize("header", [
+    "Bearer whk_" + "A" * 43, "Bearer nonsense", "Bearer " + "x" * 10_000, "Basic !!!",
+    "Token abc", "Bearer whk_$(id)",
+])
+def test_api_with_a_bad_token_is_401(client: FlaskClient, header: str) -> None:
+    resp = client.post("/api/builds", json=GOOD, headers={"Authorization": header})
+    assert resp.status_code == 401 and resp.is_json
+
+
+def test_api_with_a_revoked_token_is_401(client: FlaskClient, conn: Redis) -> None:
+    tok = token(conn)
+    revoke_token(conn, "alice")
+    resp = client.post("/api/builds", json=GOOD, headers=bearer(tok))
+    assert resp.status_code == 401 and "invalid or revoked" in resp.json["error"]
+
+
+def test_api_with_the_wrong_scope_is_403(client: FlaskClient, conn: Redis) -> None:
+    reader = token(conn, "reader", ("read",))
+    builder = token(conn, "builder", ("build",))
+    resp = client.post("/api/builds", json=GOOD, headers=bearer(reader))
+    assert resp.status_code == 403 and "'build' scope" in resp.json["error"]
+    [b] = client.post("/api/builds", json=GOOD, headers=bearer(builder)).json["builds"]
+    resp = client.post(f"/api/builds/{b['id']}/cancel", headers=bearer(reader))
+    assert resp.status_code == 403
+    assert client.get(f"/api/builds/{b['id']}").json["state"] == "queued"
+
+
+# -- sign-in sessions and CSRF --
+
+
+def test_sign_in_with_a_token_then_revocation_ends_the_session(
+        client: FlaskClient, conn: Redis) -> None:
+    tok = token(conn)
+    assert client.get("/request").status_code == 302  # to the login page
+    sign_in(client, tok)
+    page = client.get("/request")
+    assert page.status_code == 200 and "signed in as" in page.text
+    assert tok not in page.text  # never shown back
+    revoke_token(conn, "alice")
+    assert client.get("/request").status_code == 302
+
+
+def test_a_wrong_token_at_sign_in_is_shown_next_to_the_field(client: FlaskClient) -> None:
+    page = client.get("/login")
+    resp = client.post("/login", data={"token": "whk_wrong", "csrf_token": csrf_of(page.text)})
+    assert resp.status_code == 401
+    assert 'class="field-error" id="token-error"' in resp.text
+    assert "whk_wrong" not in resp.text
+
+
+def test_sign_in_never_redirects_off_site(client: FlaskClient, conn: Redis) -> None:
+    tok = token(conn)
+    page = client.get("/login")
+    for target in ("https://evil.example/", "//evil.example/", "/\\evil.example"):
+        resp = client.post("/login", data={"token": tok, "csrf_token": csrf_of(page.text),
+                                           "next": target})
+        assert resp.status_code == 302
+        assert resp.headers["Location"] == "/matrix", target
+        page = client.get("/login")
+
+
+@pytest.mark.parametrize("csrf", [None, "", "forged"])
+def test_forms_refuse_a_missing_or_forged_csrf_token(
+        client: FlaskClient, conn: Redis, csrf: str | None) -> None:
+    tok = token(conn)
+    login = {"token": tok} | ({"csrf_token": csrf} if csrf is not None else {})
+    client.get("/login")  # a session with a real CSRF token exists
+    assert client.post("/login", data=login).status_code == 400
+    sign_in(client, tok)
+    form = {**GOOD, "python": "3.11"} | ({"csrf_token": csrf} if csrf is not None else {})
+    resp = client.post("/request", data=form)
+    assert resp.status_code == 400 and "CSRF" in resp.text
+    assert not any(k.startswith(b"rq:job:") for k in conn.keys())
+    assert client.post("/logout", data={} if csrf is None else {"csrf_token": csrf}
+                       ).status_code == 400
+
+
+def test_cancel_form_needs_csrf(client: FlaskClient, conn: Redis) -> None:
+    tok = token(conn)
+    [b] = client.post("/api/builds", json=GOOD, headers=bearer(tok)).json["builds"]
+    csrf = sign_in(client, tok)
+    assert client.post(f"/builds/{b['id']}/cancel").status_code == 400
+    assert client.get(f"/api/builds/{b['id']}").json["state"] == "queued"
+    resp = client.post(f"/builds/{b['id']}/cancel", data={"csrf_token": csrf})
+    assert resp.status_code == 303
+    assert client.get(f"/api/builds/{b['id']}").json["state"] == "cancelled"
+
+
+def test_session_cookie_on_the_api_needs_the_csrf_header(
+        client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(client, token(conn))
+    assert client.post("/api/builds", json=GOOD).status_code == 400
+    resp = client.post("/api/builds", json=GOOD, headers={"X-CSRF-Token": csrf})
+    assert resp.status_code == 201
+
+
+# -- rate limits --
+
+
+def test_tokens_are_rate_limited_each_on_its_own(
+        redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    app = make_app(redis_url, tmp_path, extra={"WHEELHOUSE_RATE_LIMIT": "3/3600"})
+    client = app.test_client()
+    advertise_worker(conn)
+    alice, bob = token(conn, "alice"), token(conn, "bob")
+    for _ in range(3):
+        assert client.post("/api/builds", json=GOOD, headers=bearer(alice)).status_code in (
+            200, 201)
+    resp = client.post("/api/builds", json=GOOD, headers=bearer(alice))
+    assert resp.status_code == 429 and resp.is_json
+    assert 0 < int(resp.headers["Retry-After"]) <= 3600
+    assert "alice" in resp.json["error"]
+    # The budget is per token: bob still has his.
+    assert client.post("/api/builds", json=GOOD, headers=bearer(bob)).status_code == 200
+
+
+def test_failed_sign_ins_are_rate_limited(redis_url: str, tmp_path: Path) -> None:
+    app = make_app(redis_url, tmp_path, extra={"WHEELHOUSE_LOGIN_RATE_LIMIT": "2/600"})
+    client = app.test_client()
+    csrf = csrf_of(client.get("/login").text)
+    codes = [client.post("/login", data={"token": "whk_guess", "csrf_token": csrf}).status_code
+             for _ in range(3)]
+    assert codes == [401, 401, 429]
+
+
+def test_bad_rate_limit_setting_fails_at_start(redis_url: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="COUNT/SECONDS"):
+        make_app(redis_url, tmp_path, extra={"WHEELHOUSE_RATE_LIMIT": "lots"})
+
+
+# -- read protection --
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    raw = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {raw}"}
+
+
+def test_basic_read_protection(redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    client = make_app(redis_url, tmp_path, auth="basic:team:s3cret").test_client()
+    for path in ("/", "/matrix", "/torch2.8-cu128/simple/", "/api/workers"):
+        resp = client.get(path)
+        assert resp.status_code == 401, path
+        assert resp.headers["WWW-Authenticate"].startswith("Basic")
+        assert client.get(path, headers=_basic("team", "wrong")).status_code == 401
+        assert client.get(path, headers=_basic("team", "s3cret")).status_code in (200, 404)
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/login").status_code == 200
+
+
+def test_token_read_protection(redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    client = make_app(redis_url, tmp_path, auth="token").test_client()
+    reader = token(conn, "reader", ("read",))
+    builder = token(conn, "builder", ("build",))
+    assert client.get("/matrix").status_code == 401
+    assert client.get("/matrix", headers=_basic("anyone", reader)).status_code == 200
+    assert client.get("/matrix", headers=bearer(reader)).status_code == 200
+    assert client.get("/matrix", headers=_basic("anyone", builder)).status_code == 401
+    # A signed-in reader browses the pages without basic auth.
+    csrf = csrf_of(client.get("/login").text)
+    client.post("/login", data={"token": reader, "csrf_token": csrf})
+    assert client.get("/matrix").status_code == 200
+
+
+def test_bad_auth_setting_fails_at_start(redis_url: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="WHEELHOUSE_AUTH"):
+        make_app(redis_url, tmp_path, auth="basic:nopassword")
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+@pytest.mark.parametrize("mode", ["basic", "token"])
+def test_uv_and_pip_install_from_a_private_index(
+        redis_url: str, conn: Redis, tmp_path: Path, mode: str) -> None:
+    """Credentials in the index URL: what uv and pip send as basic auth."""
+    variant = parse_variant("torch2.8-cu128")
+    if mode == "basic":
+        config = Config(storage=str(tmp_path / "data"), redis_url=redis_url, upstream="off",
+                        auth="basic:team:s3cret")
+        creds = "team:s3cret"
+    else:
+        config = Config(storage=str(tmp_path / "data"), redis_url=redis_url, upstream="off",
+                        auth="token")
+        creds = "ci:" + token(conn, "ci", ("read",))
+    wheel = make_wheel(tmp_path / "w", "demo-ext", f"1.0+{variant.local_label}",
+                       tag="py3-none-any", module_body="VALUE = 7\n")
+    publish(open_storage(config), wheel, variant)
+    python = make_venv(tmp_path / "venv")
+    env = clean_env(UV_CACHE_DIR=str(tmp_path / "uv-cache"))
+    with start_index(config, tmp_path) as url:
+        host = url.removeprefix("http://")
+        denied = subprocess.run(
+            ["uv", "pip", "install", "--python", str(python), "--index-url",
+             f"{url}/{variant.key}/simple", "demo-ext"], env=env, capture_output=True, text=True)
+        assert denied.returncode != 0
+        private = f"http://{creds}@{host}/{variant.key}/simple"
+        subprocess.run(["uv", "pip", "install", "--python", str(python), "--index-url", private,
+                        "demo-ext"], env=env, check=True, capture_output=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--no-cache-dir", "--force-reinstall",
+                        "--index-url", private, "demo-ext"], env=env, check=True,
+                       capture_output=True)
+        assert creds.split(":")[1] not in url.access_log()  # never logged
+    got = subprocess.run([str(python), "-c", "import demo_ext; print(demo_ext.VALUE)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert got.strip() == "7"
