@@ -248,7 +248,7 @@ def _iso(moment: datetime | None) -> str | None:
 
 def peak_memory(meta: Mapping[str, Any]) -> int | None:
     """Peak memory of the build in bytes, under whichever name the worker records it."""
-    for key in ("peak_memory_bytes", "peak_rss_bytes", "peak_memory", "peak_rss"):
+    for key in ("peak_tree_bytes", "peak_memory_bytes", "peak_rss_bytes", "peak_job_bytes"):
         value = meta.get(key)
         if isinstance(value, int | float) and value > 0:
             return int(value)

@@ -134,7 +134,8 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
     for pm in by_project.values():
         versions = {k[0] for k in pm.cells}
         pm.versions = sorted(versions, key=_version_key, reverse=True)
-        columns = {(k[1], k[2]) for k in pm.cells}
+        # Every variant seen by every Python seen: the holes are what can be requested.
+        columns = {(v, p) for v in {k[1] for k in pm.cells} for p in {k[2] for k in pm.cells}}
         pm.columns = sorted(columns, key=lambda c: (_variant_sort(c[0]),
                                                     tuple(int(p) for p in c[1].split("."))))
     return [by_project[p] for p in sorted(by_project)]

@@ -21,8 +21,9 @@ GOOD = {"project": "flash-attn", "version": "2.8.3", "torch": "2.8", "cuda": "12
 
 
 def make_app(redis_url: str, tmp_path: Path, **overrides: Any) -> Flask:
-    config = Config(storage=str(tmp_path / "data"), redis_url=redis_url,
-                    catalog_refresh_seconds=0.0, upstream="off", **overrides)
+    settings: dict[str, Any] = {"storage": str(tmp_path / "data"), "redis_url": redis_url,
+                                "catalog_refresh_seconds": 0.0, "upstream": "off"}
+    config = Config(**(settings | overrides))
     app = create_app(config)
     app.testing = True
     return app

@@ -1,0 +1,331 @@
+"""The matrix, the request form and build pages, rendered from real Redis and real storage."""
+
+from __future__ import annotations
+
+import html
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from redis import Redis
+from rq.job import Job, JobStatus
+
+from tests.helpers import make_wheel
+from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.catalog import GENERATION_KEY, Record, record_key
+from wheelhouse.publish import publish
+from wheelhouse.queue import append_log, enqueue_build
+from wheelhouse.variants import parse_variant
+
+
+@pytest.fixture
+def conn(redis_url: str) -> Redis:
+    return Redis.from_url(redis_url)
+
+
+@pytest.fixture
+def app(redis_url: str, tmp_path: Path) -> Flask:
+    return make_app(redis_url, tmp_path)
+
+
+@pytest.fixture
+def client(app: Flask, conn: Redis) -> FlaskClient:
+    advertise_worker(conn)
+    return app.test_client()
+
+
+def _spec(python: str = "3.11", version: str = "2.8.3", archs: tuple[str, ...] = ()) -> BuildSpec:
+    return BuildSpec.create("flash-attn", version, python=python, torch="2.8", cuda="12.8",
+                            archs=archs)
+
+
+def _as_worker(conn: Redis, spec: BuildSpec, status: JobStatus, **meta: object) -> str:
+    """Move a queued job the way the worker does: its RQ status and its meta."""
+    job_id = enqueue_build(conn, spec, require_worker=False).job_id
+    job = Job.fetch(job_id, connection=conn)
+    job.meta.update(meta)
+    job.save_meta()
+    if status is JobStatus.STARTED:
+        job.started_at = job.enqueued_at
+        job.save()
+    job.set_status(status)
+    return job_id
+
+
+def _cell(page: str, version: str, variant: str, python: str) -> str:
+    marker = (f'data-variant="{variant}" data-python="{python}" data-version="{version}"')
+    start = page.index(marker)
+    return page[page.rindex("<td", 0, start):page.index("</td>", start)]
+
+
+def test_matrix_shows_every_state(client: FlaskClient, app: Flask, conn: Redis,
+                                  tmp_path: Path) -> None:
+    built = _spec("3.10")
+    wheel = make_wheel(tmp_path / "w", "flash-attn", str(built.wheel_version),
+                       tag="cp310-cp310-linux_x86_64")
+    publish(app.extensions["wheelhouse"].storage, wheel, built.variant)
+    enqueue_build(conn, _spec("3.11"))
+    building = _as_worker(conn, _spec("3.12"), JobStatus.STARTED, phase="compile",
+                          progress=[42, 96])
+    _as_worker(conn, _spec("3.13"), JobStatus.FAILED, phase="failed",
+               failure={"kind": "incompatible",
+                        "reason": "flash-attn 2.8.3 compiles with -std=c++17; torch needs C++20"})
+    _as_worker(conn, _spec("3.11", "2.8.2"), JobStatus.QUEUED)
+
+    page = client.get("/matrix").text
+    v = "torch2.8-cu128"
+    assert 'class="cell built"' in _cell(page, "2.8.3", v, "3.10")
+    assert wheel.name in _cell(page, "2.8.3", v, "3.10")
+    assert ">queued<" in _cell(page, "2.8.3", v, "3.11")
+    cell = _cell(page, "2.8.3", v, "3.12")
+    assert "building 43%" in cell and f"/builds/{building}" in cell and "mini-bar" in cell
+    cell = _cell(page, "2.8.3", v, "3.13")
+    assert 'class="cell failed"' in cell and "-std=c++17; torch needs C++20" in html.unescape(cell)
+    missing = _cell(page, "2.8.2", v, "3.10")  # a hole in the grid is one click from a request
+    assert 'class="cell missing"' in missing
+    assert "/request?project=flash-attn&amp;version=2.8.2&amp;torch=2.8&amp;cuda=12.8" \
+           "&amp;python=3.10" in missing
+
+
+def test_a_missing_cell_is_one_click_from_a_build_when_signed_in(
+        client: FlaskClient, conn: Redis) -> None:
+    enqueue_build(conn, _spec("3.11"))
+    enqueue_build(conn, _spec("3.12", archs=("90",)))
+    sign_in(client, token(conn))
+    page = client.get("/matrix").text
+    cell = _cell(page, "2.8.3", "torch2.8-cu128-sm90", "3.11")
+    assert "<form" in cell and 'name="archs" value="90"' in cell
+    fields = dict(
+        (m.split('name="')[1].split('"')[0], html.unescape(m.split('value="')[1].split('"')[0]))
+        for m in cell.split("<input")[1:])
+    resp = client.post("/request", data=fields)
+    assert resp.status_code == 303
+    assert resp.headers["Location"] == f"/builds/{_spec('3.11', archs=('90',)).job_id}"
+
+
+def test_matrix_filters_by_project_and_stays_fast_at_scale(
+        client: FlaskClient, app: Flask, conn: Redis) -> None:
+    """3,000 published wheels and 300 jobs: two bulk reads, not one per cell."""
+    storage = app.extensions["wheelhouse"].storage
+    variants = [parse_variant(k) for k in ("torch2.8-cu128", "torch2.9-cu128", "torch2.14-cu130")]
+    n = 0
+    for variant in variants:
+        for minor in range(200):
+            for py in ("310", "311", "312", "313", "314"):
+                version = f"1.{minor}"
+                name = f"demo_ext-{version}+{variant.local_label}-cp{py}-cp{py}-linux_x86_64.whl"
+                rec = Record(filename=name, project="demo-ext", version=f"{version}+"
+                             f"{variant.local_label}", variant=variant.key, archs=None,
+                             sha256="0" * 64, size=1, metadata_sha256="0" * 64,
+                             requires_python=None, upload_time="2025-01-01T00:00:00Z")
+                storage.put_bytes(record_key(variant, "demo-ext", name), rec.to_json())
+                n += 1
+    storage.put_bytes(GENERATION_KEY, b"big")
+    for i in range(300):
+        spec = BuildSpec.create("flash-attn", f"2.{i // 6}.0", python=f"3.{9 + i % 6}",
+                                torch="2.8", cuda="12.8")
+        enqueue_build(conn, spec, require_worker=False)
+    assert n == 3000
+    client.get("/matrix")  # warm the catalog
+    started = time.perf_counter()
+    page = client.get("/matrix")
+    elapsed = time.perf_counter() - started
+    assert page.status_code == 200
+    assert page.text.count('data-state="built"') == n
+    assert page.text.count('data-state="queued"') == 300
+    print(f"matrix of {n} wheels and 300 jobs: {elapsed:.3f} s")
+    assert elapsed < 3.0, f"the matrix took {elapsed:.2f} s"
+    only = client.get("/matrix?project=flash-attn").text
+    assert 'id="project-flash-attn"' in only and 'id="project-demo-ext"' not in only
+
+
+def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, conn: Redis) -> None:
+    sign_in(client, token(conn))
+    page = client.get("/request").text
+    assert '<option value="flash-attn" selected>' in page
+    assert '<option value="12.8">' in page.replace("\n        ", "").replace("\n      ", "") \
+        or 'value="12.8"' in page
+    assert 'value="13.0" disabled' in page and "(no live worker)" in page
+    assert "CUDA 12.8 on x86_64" in page and "gpu-1" in page
+    assert 'value="aarch64" disabled' in page
+
+
+def test_validation_errors_are_shown_next_to_their_fields(
+        client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(client, token(conn))
+    resp = client.post("/request", data={
+        "csrf_token": csrf, "project": "flash-attn", "version": "latest; rm -rf /",
+        "torch": "2.8", "cuda": "12.8", "archs": ["sm999"]})
+    assert resp.status_code == 400
+    page = resp.text
+    version_field = page[page.index('<label for="version">'):page.index('<label for="torch">')]
+    assert 'id="version-error"' in version_field and "not a PEP 440 version" in version_field
+    assert 'value="latest; rm -rf /"' in version_field  # kept for correction, escaped
+    archs_field = page[page.index('id="archs-field"'):page.index("</fieldset>",
+                                                                  page.index('id="archs-field"'))]
+    assert "unknown GPU architecture" in archs_field
+    python_field = page[page.index('id="python-field"'):page.index('id="archs-field"')]
+    assert "choose at least one Python version" in python_field
+    assert not any(k.startswith(b"rq:job:") for k in conn.keys())
+
+
+def test_an_unservable_combination_is_explained_on_the_cuda_field(
+        client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(client, token(conn))
+    resp = client.post("/request", data={**GOOD, "cuda": "13.0", "python": "3.11",
+                                         "csrf_token": csrf})
+    assert resp.status_code == 400
+    cuda_field = resp.text[resp.text.index('<label for="cuda">'):
+                           resp.text.index('<label for="machine">')]
+    assert 'id="cuda-error"' in cuda_field and "no live worker can build for CUDA 13.0" in \
+        cuda_field
+
+
+def test_one_submission_creates_several_builds_and_links_existing_ones(
+        client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(client, token(conn))
+    existing = enqueue_build(conn, _spec("3.12", archs=("90",))).job_id
+    resp = client.post("/request", data={**GOOD, "python": ["3.11", "3.12"],
+                                         "csrf_token": csrf})
+    assert resp.status_code == 200
+    results = resp.text[resp.text.index('id="submitted"'):]
+    assert f'/builds/{_spec("3.11", archs=("90",)).job_id}">new build' in results
+    assert f'/builds/{existing}">existing build' in results
+
+
+def test_one_build_lands_on_its_page(client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(client, token(conn))
+    resp = client.post("/request", data={**GOOD, "python": "3.11", "csrf_token": csrf})
+    assert resp.status_code == 303
+    page = client.get(resp.headers["Location"])
+    assert page.status_code == 200
+    assert "flash-attn 2.8.3 for Python 3.11, torch2.8-cu128-sm90" in page.text
+    assert 'id="position">1 (next)' in page.text
+    assert 'id="cancel-form"' in page.text
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") != "/simple/flash-attn" or "vnd.pypi.simple.v1+json" not in \
+                self.headers.get("Accept", ""):
+            self.send_error(404)
+            return
+        body = json.dumps({"meta": {"api-version": "1.1"}, "name": "flash-attn",
+                           "files": [{"filename": f"flash_attn-{v}.tar.gz", "url": "x",
+                                      "hashes": {}} for v in ("2.7.4", "2.8.3", "2.8.2")],
+                           "versions": ["2.7.4", "2.8.2", "2.8.3"]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream_json() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_versions_come_from_the_upstream_index(
+        redis_url: str, tmp_path: Path, conn: Redis, upstream_json: str) -> None:
+    advertise_worker(conn)
+    client = make_app(redis_url, tmp_path, upstream=upstream_json).test_client()
+    sign_in(client, token(conn))
+    page = client.get("/request").text
+    datalist = page[page.index('<datalist id="version-list">'):]
+    assert datalist.index('"2.8.3"') < datalist.index('"2.8.2"') < datalist.index('"2.7.4"')
+    assert "3 versions from the upstream index" in page
+
+
+def test_an_unreachable_upstream_leaves_a_free_text_version(
+        redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    from tests.helpers import free_port
+
+    advertise_worker(conn)
+    client = make_app(redis_url, tmp_path,
+                      upstream=f"http://127.0.0.1:{free_port()}/simple/").test_client()
+    csrf = sign_in(client, token(conn))
+    page = client.get("/request").text
+    assert "did not answer, so type any PEP 440 version" in page
+    resp = client.post("/request", data={**GOOD, "version": "2.9.0rc1", "python": "3.11",
+                                         "csrf_token": csrf})
+    assert resp.status_code == 303
+
+
+def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
+    job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile", progress=[12, 96],
+                        max_jobs=6, max_jobs_reason="6 jobs of 5.0 GiB fit in 31 GiB free",
+                        peak_tree_bytes=3 * 1024**3)
+    append_log(conn, job_id, ["[11/96] nvcc flash_fwd_hdim64.cu", "[12/96] nvcc flash_bwd.cu"])
+    page = client.get(f"/builds/{job_id}").text
+    assert 'id="state" class="state building">building' in page
+    assert "[12/96] 12.5%" in page and 'style="width: 12.5%"' in page
+    assert "6 jobs of 5.0 GiB fit" in page
+    assert "3.0 GiB" in page
+    assert "[12/96] nvcc flash_bwd.cu" in page  # the log is in the page, without JavaScript
+    assert 'src="/static/build.js"' in page
+    assert 'id="cancel-form"' not in page  # not signed in
+    view = client.get(f"/api/builds/{job_id}").json
+    assert view["progress"] == {"done": 12, "total": 96, "percent": 12.5}
+    assert view["peak_memory_bytes"] == 3 * 1024**3
+
+
+def test_build_page_of_a_failure_puts_the_reason_first(client: FlaskClient, conn: Redis) -> None:
+    job_id = _as_worker(conn, _spec(), JobStatus.FAILED, phase="failed",
+                        failure={"kind": "compile_error",
+                                 "reason": "csrc/flash_api.cpp:12: error: no member named 'x'"})
+    append_log(conn, job_id, ["line before", "csrc/flash_api.cpp:12: error: no member named 'x'"])
+    page = client.get(f"/builds/{job_id}").text
+    assert page.index('id="failure"') < page.index('id="log"')
+    assert "Failed: <span id=\"failure-kind\">compile error</span>" in page
+    assert "Request it again" in page
+
+
+def test_build_page_of_a_built_wheel_shows_the_install_command(
+        client: FlaskClient, conn: Redis) -> None:
+    spec = _spec(archs=("90",))
+    job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published",
+                        wheel=spec.expected_wheel_name)
+    page = client.get(f"/builds/{job_id}").text
+    assert ("uv pip install --index-url http://localhost/torch2.8-cu128-sm90/simple "
+            "&#39;flash-attn==2.8.3+cu128torch2.8.sm90&#39;") in page
+    assert 'id="cancel-form"' not in page
+
+
+def test_cancel_is_offered_to_those_allowed(client: FlaskClient, conn: Redis) -> None:
+    job_id = enqueue_build(conn, _spec()).job_id
+    sign_in(client, token(conn, "reader", ("read",)))
+    assert 'id="cancel-form"' not in client.get(f"/builds/{job_id}").text
+    client.post("/logout", data={"csrf_token": sign_in(client, token(conn, "builder"))})
+    sign_in(client, token(conn, "builder2"))
+    assert 'id="cancel-form"' in client.get(f"/builds/{job_id}").text
+
+
+def test_unknown_build_page_is_a_404_page(client: FlaskClient) -> None:
+    resp = client.get("/builds/build-nope")
+    assert resp.status_code == 404 and "no such build" in resp.text
+
+
+def test_request_needs_sign_in(client: FlaskClient, conn: Redis) -> None:
+    resp = client.get("/request?project=flash-attn&version=2.8.3")
+    assert resp.status_code == 302
+    assert resp.headers["Location"].startswith("/login?next=")
+    api = client.post("/api/builds", json=GOOD, headers=bearer("whk_x"))
+    assert api.status_code == 401
