@@ -16,6 +16,7 @@ So every gunicorn worker converges on the same catalog without talking to the ot
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -29,9 +30,12 @@ from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import parse_name
 
+log = logging.getLogger(__name__)
+
 GENERATION_KEY = "generation"
 RECORDS = "records/"
 WHEELS = "wheels/"
+CLAIMS = "claims/"
 
 
 def wheel_key(base: Variant, project: str, filename: str) -> str:
@@ -156,9 +160,16 @@ class Catalog:
         for key in sorted(new):
             try:
                 rec = Record.from_json(self.storage.get_bytes(key))
+                base_variant = rec.variant_obj.base
             except FileNotFoundError:
                 keys.discard(key)
                 continue
+            except (ValueError, TypeError, KeyError) as exc:
+                # Records are immutable, so a broken one stays broken: skip it (and keep its
+                # key, so it isn't re-read every refresh) rather than hide the whole catalog.
+                log.warning("skipping unreadable record %s: %s", key, exc)
+                continue
+            del base_variant
             base = rec.variant_obj.base.key
             by_base.setdefault(base, {}).setdefault(rec.project, []).append(rec)
         for projects in by_base.values():
@@ -166,9 +177,11 @@ class Catalog:
                 rs.sort(key=lambda r: (Version(r.version), r.filename))
         self._by_base = {b: {p: rs for p, rs in ps.items() if rs}
                          for b, ps in by_base.items()}
+        # Roots with something of their own to list: a base root holding only narrowed builds
+        # would show an empty page.
         self._variants = frozenset(
             r.variant for ps in self._by_base.values() for rs in ps.values() for r in rs
-        ) | frozenset(self._by_base)
+        )
         self._keys = keys
 
     def variants(self) -> list[Variant]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from wheelhouse.catalog import RECORDS, WHEELS, Catalog, Record, record_key
+from wheelhouse.catalog import CLAIMS, RECORDS, WHEELS, Catalog, Record, record_key
 from wheelhouse.publish import bump_generation
 from wheelhouse.storage import ObjectInfo, Storage
 
@@ -73,6 +73,8 @@ def _prune(records: list[Record], keep: int) -> list[Deletion]:
                                     f"older than the newest {keep} versions"))
                 out.append(Deletion(r.metadata_key, 0, f"metadata of pruned {r.filename}"))
                 out.append(Deletion(r.wheel_key, r.size, f"pruned {r.filename}"))
+                out.append(Deletion(f"{CLAIMS}{base.key}/{r.filename}", 0,
+                                    f"claim of pruned {r.filename}"))
     return out
 
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from wheelhouse.catalog import GENERATION_KEY, Record, record_key, wheel_key
+from wheelhouse.catalog import CLAIMS, GENERATION_KEY, Record, record_key, wheel_key
 from wheelhouse.errors import AlreadyPublished, InvalidWheel
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
@@ -91,6 +91,7 @@ def publish(
                 f"(sha256 {existing.sha256[:12]}…); published files are immutable"
             )
         wkey = wheel_key(variant.base, name.project, name.filename)
+        _claim(storage, variant, name.filename, record.sha256)
         storage.put_file(wkey, path)
         storage.put_bytes(wkey + ".metadata", metadata)
         try:
@@ -101,6 +102,25 @@ def publish(
             ) from None
     bump_generation(storage)
     return record
+
+
+def _claim(storage: Storage, variant: Variant, filename: str, sha256: str) -> None:
+    """Reserve ``filename`` for these bytes before uploading anything.
+
+    Without a claim, a second publisher of *different* bytes could overwrite the wheel after the
+    first wrote its record. The claim is create-if-absent; the same bytes may re-claim, so an
+    interrupted publication can be retried.
+    """
+    key = f"{CLAIMS}{variant.base.key}/{filename}"
+    try:
+        storage.put_bytes(key, sha256.encode(), exclusive=True)
+    except FileExistsError:
+        holder = storage.get_bytes(key).decode()
+        if holder != sha256:
+            raise AlreadyPublished(
+                f"{filename} is being (or was) published with different contents "
+                f"(sha256 {holder[:12]}…); published files are immutable"
+            ) from None
 
 
 def _known_archs(variant: Variant, archs: tuple[str, ...] | None) -> tuple[str, ...] | None:

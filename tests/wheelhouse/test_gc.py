@@ -41,6 +41,8 @@ def test_prune_keeps_newest(storage: Storage, tmp_path: Path) -> None:
     for v in ("1.0", "1.1", "2.0"):
         _publish(storage, tmp_path, v)
     doomed = gc.plan(storage, keep_versions=2)
+    assert sorted(d.key.split("/", 1)[0] for d in doomed) == [
+        "claims", "records", "wheels", "wheels"]
     assert {d.key.rsplit("/", 1)[1] for d in doomed} == {
         "demo-1.0+cu128torch2.8-py3-none-any.whl",
         "demo-1.0+cu128torch2.8-py3-none-any.whl.metadata",
@@ -70,5 +72,5 @@ def test_cli_dry_runs_first(tmp_path: Path) -> None:
     assert len(Catalog(storage, 0)) == 2
     done = subprocess.run(["wheelhouse", "gc", "--keep-versions", "1", "--apply"], env=env,
                           capture_output=True, text=True, check=True).stdout
-    assert "deleted 3 objects" in done
+    assert "deleted 4 objects" in done
     assert len(Catalog(storage, 0)) == 1

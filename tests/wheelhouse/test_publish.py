@@ -53,7 +53,9 @@ def test_publish_writes_wheel_metadata_record_and_generation(
     rkey = record_key(V, "flash-attn", path.name)
     assert wkey == f"wheels/torch2.8-cu128/flash-attn/{path.name}"
     assert record.wheel_key == wkey and record.metadata_key == wkey + ".metadata"
-    assert _keys(storage) == {wkey, wkey + ".metadata", rkey, GENERATION_KEY}
+    claim = f"claims/torch2.8-cu128/{path.name}"
+    assert _keys(storage) == {wkey, wkey + ".metadata", rkey, GENERATION_KEY, claim}
+    assert storage.get_bytes(claim).decode() == record.sha256
     assert storage.get_bytes(wkey) == path.read_bytes()
     assert storage.get_bytes(wkey + ".metadata") == read_metadata(path)
     assert Record.from_json(storage.get_bytes(rkey)) == record
@@ -236,7 +238,9 @@ def test_record_is_written_last(storage: Storage, tmp_path: Path) -> None:
     path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
     publish(_Watched(storage, order.append), path, V)
     wkey = wheel_key(V, "pkg", path.name)
-    assert order == [wkey, wkey + ".metadata", record_key(V, "pkg", path.name), GENERATION_KEY]
+    claim = f"claims/torch2.8-cu128/{path.name}"
+    assert order == [claim, wkey, wkey + ".metadata", record_key(V, "pkg", path.name),
+                     GENERATION_KEY]
 
 
 class _Crash(Exception):
@@ -272,20 +276,25 @@ def test_interrupted_publish_is_not_listed_and_can_be_retried(
 def test_concurrent_publication_of_the_same_name_is_refused(
     storage: Storage, tmp_path: Path
 ) -> None:
+    """A second publisher of different bytes, arriving mid-publication, is refused and can't
+    overwrite the wheel: the stored wheel always matches the record's sha256."""
     ours = make_wheel(tmp_path / "ours", "pkg", "1.0+cu128torch2.8", payload=b"ours")
     theirs = make_wheel(tmp_path / "theirs", "pkg", "1.0+cu128torch2.8", payload=b"theirs")
+    wkey = wheel_key(V, "pkg", ours.name)
     rkey = record_key(V, "pkg", ours.name)
-    raced = False
+    refused: list[Exception] = []
 
-    def someone_else_publishes_first(key: str) -> None:
-        nonlocal raced
-        if key == rkey and not raced:
-            raced = True
-            publish(storage, theirs, V)
+    def someone_else_publishes_meanwhile(key: str) -> None:
+        if key == rkey and not refused:
+            try:
+                publish(storage, theirs, V)
+            except AlreadyPublished as exc:
+                refused.append(exc)
 
-    with pytest.raises(AlreadyPublished, match="concurrently"):
-        publish(_Watched(storage, someone_else_publishes_first), ours, V)
-    assert Record.from_json(storage.get_bytes(rkey)).sha256 == sha256_file(theirs)
+    publish(_Watched(storage, someone_else_publishes_meanwhile), ours, V)
+    assert refused and "different contents" in str(refused[0])
+    assert Record.from_json(storage.get_bytes(rkey)).sha256 == sha256_file(ours)
+    assert storage.get_bytes(wkey) == ours.read_bytes()
 
 
 def test_variant_of_a_record(tmp_path: Path, storage: Storage) -> None:
