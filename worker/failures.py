@@ -49,9 +49,9 @@ _OOM = re.compile(
 )
 _ERROR_LINE = re.compile(
     r"(?P<line>(?:\S+\(\d+\)|\S+:\d+(?::\d+)?):? (?:fatal )?error[: ].*|"
-    r"nvcc fatal\s*:.*|error: command .* failed.*|FAILED: .*)"
+    r"nvcc fatal\s*:.*|error: command .* failed.*)"
 )
-_NINJA_FAILED = re.compile(r"^FAILED: (?P<target>\S+)", re.MULTILINE)
+_NINJA_FAILED = re.compile(r"^\s*FAILED: (?:\[code=\d+\] )?(?P<target>\S+)", re.MULTILINE)
 
 
 def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
@@ -69,7 +69,7 @@ def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
         return Classified(FailureKind.OOM, f"a compile was killed for lack of memory{where}")
     for line in log.splitlines():
         m = _ERROR_LINE.search(line)
-        if m is not None and not line.startswith("FAILED:"):
+        if m is not None:
             return Classified(FailureKind.COMPILE_ERROR, _short(m.group("line"), 300))
     target = _NINJA_FAILED.search(log)
     if target is not None:

@@ -1,0 +1,117 @@
+"""Real builds of the fixture CUDA extension with nvcc, ninja and torch 2.14.1 (CUDA 13.0)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.worker.conftest import CUDAEXT, build_config, make_sdist
+from wheelhouse.buildspec import BuildSpec, FailureKind
+from wheelhouse.catalog import Catalog
+from wheelhouse.errors import BuildFailed
+from wheelhouse.maxjobs import learned_per_thread
+from wheelhouse.storage import open_storage
+from worker.build import Reporter, log_key, run_build
+
+pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
+
+SPEC = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
+                        archs=["sm80"])
+
+
+class Recorder(Reporter):
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+        self.progress_seen: list[tuple[int, int]] = []
+        self.log: list[str] = []
+        self.notes: dict[str, Any] = {}
+
+    def phase(self, name: str) -> None:
+        self.phases.append(name)
+
+    def progress(self, done: int, total: int) -> None:
+        self.progress_seen.append((done, total))
+
+    def lines(self, lines: list[str]) -> None:
+        self.log.extend(lines)
+
+    def note(self, **fields: Any) -> None:
+        self.notes.update(fields)
+
+
+def test_fixture_extension_builds_checks_and_publishes(
+    tmp_path: Path, cudaext_sdist: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Secrets in the worker's environment must not reach setup.py.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
+    monkeypatch.setenv("WHEELHOUSE_REDIS_URL", "redis://secret@127.0.0.1/0")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_do_not_leak")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "5.0")
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+    reporter = Recorder()
+
+    result = run_build(SPEC, config=config, storage=storage, reporter=reporter,
+                       source=cudaext_sdist, timeout=900, keep_workspace=True)
+
+    record = result.record
+    assert record.filename == SPEC.expected_wheel_name
+    assert record.variant == "torch2.14-cu130-sm80" and record.archs == ("80",)
+    assert reporter.phases == ["toolkit", "fetch", "venv", "compile", "check", "publish"]
+    done, total = reporter.progress_seen[-1]
+    assert done == total >= 2
+    build = record.build
+    assert build["max_jobs"]["jobs"] >= 1 and build["max_jobs"]["reason"].startswith("MAX_JOBS=")
+    assert reporter.notes["max_jobs_reason"] == build["max_jobs"]["reason"]
+    assert build["torch"].startswith("2.14.") and build["toolkit"].startswith("V13.0")
+    assert build["peak_job_bytes"] > 0
+    assert learned_per_thread(storage, "cudaext", "13.0") is not None  # feeds the next MAX_JOBS
+
+    # The index lists it, under the narrowed variant.
+    catalog = Catalog(storage)
+    catalog.refresh()
+    files = catalog.files(SPEC.variant, SPEC.project)
+    assert [r.filename for r in files] == [SPEC.expected_wheel_name]
+
+    # The log went to storage beside the record, with the probe compile first.
+    log = storage.get_bytes(log_key(SPEC)).decode()
+    assert log.index("wheelhouse: probe: compiling") < log.index("[1/")
+    assert "import check passed: cudaext._C" in log
+    assert "do-not-leak" not in log and "ghp_" not in log
+
+    # What setup.py saw: the recipe's settings, no credentials, no worker configuration.
+    [env_file] = (tmp_path / "work").glob("*/src/cudaext-0.1.0/build-env.json")
+    names = set(json.loads(env_file.read_text()))
+    assert {"MAX_JOBS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "WHEELHOUSE_BUILD_ID"} <= names
+    assert not {"AWS_SECRET_ACCESS_KEY", "WHEELHOUSE_REDIS_URL", "GITHUB_TOKEN"} & names
+    assert not [n for n in names if n.startswith("WHEELHOUSE_") and n != "WHEELHOUSE_BUILD_ID"]
+
+    # A second request for the same wheel publishes nothing new.
+    again = run_build(SPEC, config=config, storage=storage, source=cudaext_sdist, timeout=60)
+    assert again.already_published and again.record.sha256 == record.sha256
+
+
+def test_a_compile_error_surfaces_from_the_probe(tmp_path: Path) -> None:
+    src = tmp_path / "broken"
+    shutil.copytree(CUDAEXT, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    add = src / "csrc" / "add.cu"
+    add.write_text(add.read_text().replace("out[i] = a[i] + b[i];", "out[i] = a[i] + oops;"))
+    sdist = make_sdist(src, tmp_path / "sdist", "cudaext", "0.1.0")
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+
+    with pytest.raises(BuildFailed) as err:
+        run_build(SPEC, config=config, storage=storage, source=sdist, timeout=900)
+
+    assert err.value.kind == FailureKind.COMPILE_ERROR.value
+    assert err.value.reason.startswith("add.cu(")
+    assert 'identifier "oops" is undefined' in err.value.reason
+    log = storage.get_bytes(log_key(SPEC)).decode()
+    # Only the probe ran: the heavy translation units were never started.
+    assert "[probe 1/1]" in log and "[1/" not in log and "bindings.cpp" not in log
+    assert "FAILED [compile_error]" in log
+    assert not list(storage.list("records/"))
