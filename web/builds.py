@@ -170,7 +170,7 @@ def parse_request(data: Mapping[str, Any], projects: Iterable[str]) -> BuildRequ
         except InvalidBuildSpec:
             errors["machine"] = (f"unknown CPU architecture {_short(machine)!r}; known: "
                                  + ", ".join(KNOWN_MACHINES))
-    unknown = [k for k in data if k not in (*FIELDS, "csrf_token")]
+    unknown = [k for k in data if k not in FIELDS]
     if unknown:
         errors["_"] = "unknown fields: " + ", ".join(_short(k) for k in sorted(unknown)[:5])
     req.values = {"project": project, "version": version, "torch": torch, "cuda": cuda,

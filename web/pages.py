@@ -139,6 +139,7 @@ def request_form() -> BaseResponse | str:
         "torch": request.args.get("torch", ""), "cuda": request.args.get("cuda", ""),
         "python": request.args.getlist("python"), "archs": request.args.getlist("archs"),
         "machine": request.args.get("machine", "x86_64"),
+        "rerun": request.args.get("rerun") == "1",
     }
     return render_template("request.html", **_form_context(values, {}), submitted=None,
                            can_build=info.allows("build"))
@@ -157,13 +158,15 @@ def request_submit() -> BaseResponse | tuple[str, int]:
     data["python"] = request.form.getlist("python")
     data["archs"] = request.form.getlist("archs")
     req = parse_request(data, recipe_list(svc.config))
+    rerun = request.form.get("rerun") == "1"
+    req.values["rerun"] = rerun
     submitted = None
     status = 400
     if not req.errors:
         assert svc.redis is not None  # require_scope checked it
         try:
             submitted = submit(svc.redis, svc.catalog, req.specs,
-                               rerun_failed=request.form.get("rerun") == "1")
+                               rerun_failed=rerun)
         except UnservableSpec as exc:
             req.errors["cuda"] = str(exc)
     if submitted is not None:
@@ -201,7 +204,7 @@ def build(job_id: str) -> str:
 
 def _retry_args(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: spec.get(k) for k in ("project", "version", "torch", "cuda", "machine")} | {
-        "python": spec.get("python"), "archs": spec.get("archs") or []}
+        "python": spec.get("python"), "archs": spec.get("archs") or [], "rerun": "1"}
 
 
 def _stored_log_tail(key: str) -> list[str]:

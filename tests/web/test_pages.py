@@ -251,7 +251,7 @@ def test_versions_come_from_the_upstream_index(
     page = client.get("/request").text
     datalist = page[page.index('<datalist id="version-list">'):]
     assert datalist.index('"2.8.3"') < datalist.index('"2.8.2"') < datalist.index('"2.7.4"')
-    assert "3 versions from the upstream index" in page
+    assert "3 versions on the upstream index" in page
 
 
 def test_an_unreachable_upstream_leaves_a_free_text_version(
