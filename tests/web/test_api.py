@@ -215,3 +215,36 @@ def test_hostile_build_ids_are_404(client: FlaskClient, path: str) -> None:
 def test_bad_log_offsets_are_400(client: FlaskClient, offset: str) -> None:
     resp = client.get(f"/api/builds/build-x/log?offset={offset}")
     assert resp.status_code == 400 and resp.is_json
+
+
+def test_wheelhouse_request_command_against_a_running_server(
+        redis_url: str, conn: Redis, tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+
+    from tests.helpers import start_index
+    from wheelhouse.config import Config
+
+    advertise_worker(conn)
+    tok = token(conn, "cli")
+    config = Config(storage=str(tmp_path / "data"), redis_url=redis_url, upstream="off")
+    wheelhouse = shutil.which("wheelhouse") or "wheelhouse"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
+    with start_index(config, tmp_path) as url:
+        env |= {"WHEELHOUSE_TOKEN": tok, "WHEELHOUSE_SERVER": url}
+        argv = [wheelhouse, "request", "flash-attn==2.8.3", "--torch", "2.8", "--cuda", "12.8",
+                "--python", "3.11", "--python", "3.12", "--arch", "sm90"]
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+        spec = BuildSpec.create("flash-attn", "2.8.3", python="3.12", torch="2.8", cuda="12.8",
+                                archs=["90"])
+        assert f"{spec.job_id}\tPython 3.12\tcreated, queued\t{url}/builds/{spec.job_id}" in out
+        again = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+        assert "exists, queued" in again
+        bad = subprocess.run([*argv[:3], "--torch", "2.8", "--cuda", "99.1", "--python", "3.11"],
+                             env=env, capture_output=True, text=True)
+        assert bad.returncode == 1 and "unknown CUDA version '99.1'" in bad.stderr
+        denied = subprocess.run(argv, env=env | {"WHEELHOUSE_TOKEN": "whk_nope"},
+                                capture_output=True, text=True)
+        assert denied.returncode == 1 and "401" in denied.stderr
+        assert tok not in url.access_log()
