@@ -53,6 +53,9 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
         router=Router(config.upstream, config.upstream_rules),
         redis=redis_conn,
     )
+    # Load the catalog now: under gunicorn this runs before the fork, so every worker starts
+    # with it instead of each paying a full read on its first request.
+    app.extensions["wheelhouse"].catalog.refresh()
     from web import errors
 
     errors.register(app)

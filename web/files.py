@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, redirect, request
+from collections.abc import Callable, Iterator
+
+from flask import Blueprint, Response, current_app, redirect, request
 from packaging.utils import canonicalize_name
 from werkzeug.exceptions import NotFound, RequestedRangeNotSatisfiable
 from werkzeug.wrappers import Response as BaseResponse
@@ -33,25 +35,43 @@ def _lookup(base_key: str, project: str, filename: str) -> Record:
 
 @bp.get("/files/<base_key>/<project>/<filename>")
 def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
+    svc = services()
     if filename.endswith(METADATA_SUFFIX):
         record = _lookup(base_key, project, filename.removesuffix(METADATA_SUFFIX))
-        return _serve(record.metadata_key, record.metadata_sha256, None, "text/plain")
+        body = _metadata(record.metadata_key)
+        return _serve(record.metadata_key, record.metadata_sha256, len(body), "text/plain",
+                      lambda start, stop: iter((body[start:stop],)))
     record = _lookup(base_key, project, filename)
-    return _serve(record.wheel_key, record.sha256, record.size, "application/octet-stream")
+    return _serve(record.wheel_key, record.sha256, record.size, "application/octet-stream",
+                  lambda start, stop: svc.storage.iter_range(record.wheel_key, start, stop))
 
 
-def _serve(key: str, sha256: str, size: int | None, mimetype: str) -> BaseResponse:
+_METADATA_CACHE_MAX = 8192
+
+
+def _metadata(key: str) -> bytes:
+    """METADATA bodies are small and immutable once published: keep them in memory."""
+    cache: dict[str, bytes] = current_app.extensions.setdefault("wheelhouse_metadata", {})
+    body = cache.get(key)
+    if body is None:
+        body = services().storage.get_bytes(key)
+        if len(cache) >= _METADATA_CACHE_MAX:
+            cache.clear()
+        cache[key] = body
+    return body
+
+
+def _serve(key: str, sha256: str, size: int, mimetype: str,
+           read: Callable[[int, int], Iterator[bytes]]) -> BaseResponse:
     svc = services()
     etag = f'"{sha256}"'
     headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
     if request.if_none_match.contains(sha256):
         return Response(status=304, headers=headers)
-    if svc.config.s3_file_mode == "redirect":
+    if svc.config.s3_file_mode == "redirect" and mimetype == "application/octet-stream":
         url = svc.storage.presigned_url(key, svc.config.presign_seconds)
         if url is not None:
             return redirect(url, 302)
-    if size is None:
-        size = svc.storage.stat(key).size
     start, stop, status = 0, size, 200
     rng = request.range
     if_range = request.headers.get("If-Range")
@@ -65,7 +85,6 @@ def _serve(key: str, sha256: str, size: int | None, mimetype: str) -> BaseRespon
         status = 206
         headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
     headers["Content-Length"] = str(stop - start)
-    body = svc.storage.iter_range(key, start, stop) if request.method != "HEAD" else iter(())
-    resp = Response(body, status=status, mimetype=mimetype, headers=headers,
+    body = read(start, stop) if request.method != "HEAD" else iter(())
+    return Response(body, status=status, mimetype=mimetype, headers=headers,
                     direct_passthrough=True)
-    return resp

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from flask import Flask, Response, g, request
 from prometheus_client import (
@@ -96,12 +97,20 @@ def init_app(app: Flask, svc: Services) -> None:
     def _start() -> None:
         g.started = time.monotonic()
 
+    children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
     @app.after_request
     def _count(resp: Response) -> Response:
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        REQUESTS.labels(route, request.method, str(resp.status_code)).inc()
+        key = (route, request.method, resp.status_code)
+        pair = children.get(key)
+        if pair is None:  # labels() is a locked dict look-up; keep the children at hand
+            pair = (REQUESTS.labels(route, request.method, str(resp.status_code)),
+                    BYTES.labels(route))
+            children[key] = pair
+        pair[0].inc()
         if resp.content_length:
-            BYTES.labels(route).inc(resp.content_length)
+            pair[1].inc(resp.content_length)
         return resp
 
     live = _LiveCollector(svc)

@@ -11,8 +11,17 @@ import json
 import threading
 from dataclasses import dataclass
 
-from flask import Blueprint, Response, redirect, render_template, request, url_for
-from packaging.utils import NormalizedName, canonicalize_name
+from flask import (
+    Blueprint,
+    Flask,
+    Response,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from packaging.utils import InvalidName, NormalizedName, canonicalize_name
 from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
@@ -34,20 +43,28 @@ MAX_PROJECT_LENGTH = 200
 
 @dataclass(frozen=True)
 class Page:
+    """A rendered answer, kept for one catalog generation: a page, or an upstream redirect."""
+
     body: bytes
     etag: str
-    mimetype: str
+    headers: tuple[tuple[str, str], ...]
+    mimetype: str | None = None
+    status: int = 200
+
+
+_Key = tuple[str, str, str, str]
 
 
 class PageCache:
-    """Rendered pages by (script root, variant, project, format), valid for one generation."""
+    """Answers by (script root, variant key, project name as requested, format), valid for one
+    generation. Keyed on the raw request, so a hit skips validation: it was valid when cached."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._generation = ""
-        self._pages: dict[tuple[str, str, str, str], Page] = {}
+        self._pages: dict[_Key, Page] = {}
 
-    def get(self, generation: str, key: tuple[str, str, str, str]) -> Page | None:
+    def get(self, generation: str, key: _Key) -> Page | None:
         if generation != self._generation:
             with self._lock:
                 if generation != self._generation:
@@ -56,76 +73,98 @@ class PageCache:
             return None
         return self._pages.get(key)
 
-    def put(self, generation: str, key: tuple[str, str, str, str], page: Page) -> None:
+    def put(self, generation: str, key: _Key, page: Page) -> None:
         if generation == self._generation:
             self._pages[key] = page
 
 
-def _cache() -> PageCache:
-    from flask import current_app
+def init_app(app: Flask) -> None:
+    app.extensions["wheelhouse_pages"] = PageCache()
 
-    cache: PageCache = current_app.extensions.setdefault("wheelhouse_pages", PageCache())
-    return cache
+
+_negotiated: dict[tuple[str, str | None], str] = {}
+_NEGOTIATED_MAX = 512
 
 
 def negotiate() -> str:
     """``json`` or ``html`` from ``?format=`` or the Accept header that uv and pip send."""
-    fmt = request.args.get("format")
-    if fmt in (JSON_V1, "json"):
-        return "json"
-    if fmt in (HTML_V1, "text/html", "html"):
-        return "html"
-    best = request.accept_mimetypes.best_match(_OFFERS, default="text/html")
-    return "json" if best and best.endswith("+json") else "html"
+    accept = request.headers.get("Accept", "")
+    fmt_arg = request.args.get("format")
+    known = _negotiated.get((accept, fmt_arg))
+    if known is not None:
+        return known
+    if fmt_arg in (JSON_V1, "json"):
+        fmt = "json"
+    elif fmt_arg in (HTML_V1, "text/html", "html"):
+        fmt = "html"
+    else:
+        best = request.accept_mimetypes.best_match(_OFFERS, default="text/html")
+        fmt = "json" if best and best.endswith("+json") else "html"
+    if len(_negotiated) >= _NEGOTIATED_MAX:  # clients send few distinct headers; stay bounded
+        _negotiated.clear()
+    _negotiated[(accept, fmt_arg)] = fmt
+    return fmt
 
 
-def _variant(key: str) -> Variant:
-    return parse_variant(key)
+_variant = parse_variant  # cached in the core
 
 
 def _project(name: str) -> NormalizedName:
     if len(name) > MAX_PROJECT_LENGTH or not name.isascii():
         raise InvalidProjectName("project name is not valid")
-    normalized = canonicalize_name(name, validate=False)
     try:
         return canonicalize_name(name, validate=True)
-    except Exception:
-        raise InvalidProjectName(f"{normalized[:80]!r} is not a valid project name") from None
+    except InvalidName:
+        shown = canonicalize_name(name, validate=False)[:80]
+        raise InvalidProjectName(f"{shown!r} is not a valid project name") from None
 
 
-def _respond(page: Page, fmt: str) -> Response:
-    max_age = services().config.page_max_age
-    headers = {"ETag": page.etag, "Cache-Control": f"max-age={max_age}, public",
-               "Vary": "Accept"}
-    if request.if_none_match.contains(page.etag.strip('"')):
-        return Response(status=304, headers=headers)
-    return Response(page.body, mimetype=page.mimetype, headers=headers)
+def _respond(page: Page) -> Response:
+    inm = request.headers.get("If-None-Match")
+    if inm is not None and (inm == page.etag or request.if_none_match.contains(page.etag[1:-1])):
+        return Response(status=304, headers=page.headers)
+    return Response(page.body, status=page.status, mimetype=page.mimetype,
+                    headers=page.headers)
 
 
-def _make_page(body: str | bytes, fmt: str) -> Page:
+def _make_page(body: str | bytes, fmt: str, *, status: int = 200,
+               location: str | None = None) -> Page:
     data = body.encode() if isinstance(body, str) else body
-    etag = '"' + hashlib.sha256(data).hexdigest()[:32] + '"'
+    etag = '"' + hashlib.sha256(data + (location or "").encode()).hexdigest()[:32] + '"'
+    max_age = services().config.page_max_age
+    headers = [("ETag", etag), ("Cache-Control", f"max-age={max_age}, public"),
+               ("Vary", "Accept")]
+    if location is not None:
+        headers.append(("Location", location))
     mimetype = JSON_V1 if fmt == "json" else "text/html"
-    return Page(data, etag, mimetype)
+    return Page(data, etag, tuple(headers), mimetype, status)
 
 
-_Key = tuple[str, str, str, str]
-
-
-def _cached(kind: str, variant: Variant, project: str, fmt: str) -> tuple[str, _Key, Page | None]:
+def _lookup(kind: str, variant_key: str, name: str, fmt: str) -> tuple[str, _Key, Page | None]:
     generation = services().catalog.generation
-    key = (request.script_root + kind, variant.key, project, fmt)
-    page = _cache().get(generation, key)
-    PAGE_CACHE.labels("hit" if page is not None else "miss").inc()
+    key = (request.script_root + kind, variant_key, name, fmt)
+    cache: PageCache = current_app.extensions["wheelhouse_pages"]
+    page = cache.get(generation, key)
+    (_HIT if page is not None else _MISS).inc()
     return generation, key, page
+
+
+def _store(generation: str, key: _Key, page: Page) -> Page:
+    cache: PageCache = current_app.extensions["wheelhouse_pages"]
+    cache.put(generation, key, page)
+    return page
+
+
+_HIT = PAGE_CACHE.labels("hit")
+_MISS = PAGE_CACHE.labels("miss")
 
 
 @bp.get("/<variant_key>/simple/")
 def root(variant_key: str) -> BaseResponse:
-    variant = _variant(variant_key)
     fmt = negotiate()
-    generation, key, page = _cached("root", variant, "", fmt)
+    generation, key, page = _lookup("root", variant_key, "", fmt)
     if page is None:
+        variant = _variant(variant_key)
         projects = services().catalog.projects(variant)
         if fmt == "json":
             body: str = json.dumps({"meta": {"api-version": API_VERSION},
@@ -133,9 +172,8 @@ def root(variant_key: str) -> BaseResponse:
         else:
             body = render_template("simple_root.html", variant=variant, projects=projects,
                                    api_version=API_VERSION)
-        page = _make_page(body, fmt)
-        _cache().put(generation, key, page)
-    return _respond(page, fmt)
+        page = _store(generation, key, _make_page(body, fmt))
+    return _respond(page)
 
 
 @bp.get("/<variant_key>/simple")
@@ -153,26 +191,28 @@ def project_no_slash(variant_key: str, name: str) -> BaseResponse:
 
 @bp.get("/<variant_key>/simple/<name>/")
 def project(variant_key: str, name: str) -> BaseResponse:
+    fmt = negotiate()
+    generation, key, page = _lookup("project", variant_key, name, fmt)
+    if page is not None:
+        return _respond(page)
     variant = _variant(variant_key)
     normalized = _project(name)
     if normalized != name:
         return redirect(url_for("simple.project", variant_key=variant_key, name=normalized), 301)
-    fmt = negotiate()
-    generation, key, page = _cached("project", variant, normalized, fmt)
-    if page is None:
-        files = services().catalog.files(variant, normalized)
-        if not files:
-            return _not_hosted(variant, normalized)
+    files = services().catalog.files(variant, normalized)
+    if files:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
-        _cache().put(generation, key, page)
-    return _respond(page, fmt)
+    else:
+        page = _make_page(b"", fmt, status=302, location=_not_hosted(variant, normalized))
+    return _respond(_store(generation, key, page))
 
 
-def _not_hosted(variant: Variant, project: NormalizedName) -> BaseResponse:
+def _not_hosted(variant: Variant, project: NormalizedName) -> str:
+    """Where a project we don't host lives upstream (404 when routing is off)."""
     upstream = services().router.url_for(project, variant)
     if upstream is None:
         raise NotFound(f"{project} is not hosted in {variant.key}, and upstream routing is off")
-    return redirect(upstream, 302)
+    return upstream
 
 
 def _file_url(r: Record) -> str:

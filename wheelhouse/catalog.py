@@ -119,6 +119,7 @@ class Catalog:
         # base variant key -> project -> records (all archs)
         self._by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         self._variants: frozenset[str] = frozenset()
+        self._by_file: dict[tuple[str, str], Record] = {}
 
     @property
     def generation(self) -> str:
@@ -182,6 +183,8 @@ class Catalog:
         self._variants = frozenset(
             r.variant for ps in self._by_base.values() for rs in ps.values() for r in rs
         )
+        self._by_file = {(b, r.filename): r for b, ps in self._by_base.items()
+                         for rs in ps.values() for r in rs}
         self._keys = keys
 
     def variants(self) -> list[Variant]:
@@ -223,10 +226,8 @@ class Catalog:
 
     def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
         self.maybe_refresh()
-        for r in self._by_base.get(base.key, {}).get(project, []):
-            if r.filename == filename:
-                return r
-        return None
+        r = self._by_file.get((base.key, filename))
+        return r if r is not None and r.project == project else None
 
     def all_records(self) -> Iterable[Record]:
         self.maybe_refresh()

@@ -150,6 +150,7 @@ class Variant:
         return self._sort_key() < other._sort_key()
 
 
+@functools.lru_cache(maxsize=4096)  # keys repeat on every request; Variant is immutable
 def parse_variant(key: str) -> Variant:
     """Parse and validate an index-root key; raise :class:`InvalidVariant` with a plain message."""
     if len(key) > MAX_KEY_LENGTH:
