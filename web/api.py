@@ -85,7 +85,7 @@ def build(job_id: str) -> Response:
     status = get_build(conn, _job_id(job_id))
     if status is None:
         raise NotFound("no such build")
-    view = build_view(conn, status, base_url())
+    view = build_view(conn, status, base_url(), services().catalog)
     view["urls"] = {"page": url_for("pages.build", job_id=job_id),
                     "log": url_for("api.build_log", job_id=job_id),
                     "cancel": url_for("api.cancel", job_id=job_id)}

@@ -294,9 +294,18 @@ def _queue_of(spec: Mapping[str, Any]) -> str:
     return queue_name(str(spec.get("cuda", "")), str(spec.get("machine", "x86_64")))
 
 
-def build_view(conn: Redis, status: BuildStatus, base_url: str) -> dict[str, Any]:
-    """The JSON form of a build, for the API and the build page's script."""
+def build_view(conn: Redis, status: BuildStatus, base_url: str,
+               catalog: Catalog | None = None) -> dict[str, Any]:
+    """The JSON form of a build, for the API and the build page's script.
+
+    With ``catalog``, a built wheel's record fills in what the job's meta lacks (peak memory).
+    """
     spec = spec_of(status)
+    peak = peak_memory(status.meta)
+    if peak is None and catalog is not None and spec is not None \
+            and status.state is BuildState.BUILT:
+        record = published_for(catalog, spec)
+        peak = peak_memory(record.build) if record is not None else None
     now = datetime.now(UTC)
     started = _aware(status.started_at)
     ended = _aware(status.ended_at)
@@ -331,7 +340,7 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str) -> dict[str, Any
         "reason": status.reason,
         "max_jobs": status.max_jobs,
         "max_jobs_reason": status.max_jobs_reason,
-        "peak_memory_bytes": peak_memory(status.meta),
+        "peak_memory_bytes": peak,
         "wheel": status.wheel,
         "install": install_command(base_url, spec) if spec and status.state is BuildState.BUILT
         else None,

@@ -188,7 +188,7 @@ def build(job_id: str) -> str:
     status = get_build(conn, job_id)
     if status is None:
         raise NotFound("no such build (builds are kept for 30 days)")
-    view = build_view(conn, status, base_url())
+    view = build_view(conn, status, base_url(), services().catalog)
     lines = log_tail(conn, job_id, LOG_LINES)
     if not lines and status.finished and status.log_key:
         lines = _stored_log_tail(status.log_key)

@@ -249,6 +249,7 @@ def test_watch_a_real_worker_build(
         install = page.inner_text("#install")
         assert "cudaext==0.1.0+cu130torch2.14.sm80" in install
         assert f"{url}/torch2.14-cu130-sm80/simple" in install
+        assert "GiB" in page.inner_text("#peak-memory")  # from the published record
 
         # Progress was seen live: ninja's [N/M] rose and the log grew, in one document.
         fractions = [p for _, p, _ in seen if p.startswith("[")]

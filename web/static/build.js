@@ -81,6 +81,7 @@
       .then(function () { if (!finished) { window.setTimeout(poll, 1000); } });
   }
 
+  logEl.scrollTop = logEl.scrollHeight;  // the newest lines matter most
   root.dataset.rendered = root.dataset.state;
   if (!FINAL[root.dataset.state]) { poll(); }
 }());
