@@ -6,7 +6,8 @@ import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from flask import Flask, current_app
+from flask import Flask, Request, current_app
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
@@ -18,6 +19,19 @@ if TYPE_CHECKING:
 
 #: Modules under ``web`` whose ``bp`` blueprint the app serves, in registration order.
 BLUEPRINTS = ("home", "simple", "files", "ops", "auth", "api", "pages")
+
+
+class _LazySessions(SecureCookieSessionInterface):
+    """Sessions only for requests that carry a session cookie.
+
+    uv and pip never do; without this, every index request would build a signing
+    serializer (a key derivation) just to find there is no session.
+    """
+
+    def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
+        if self.get_cookie_name(app) not in request.cookies:
+            return self.session_class()
+        return super().open_session(app, request)
 
 
 @dataclass
@@ -39,6 +53,7 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     """Build the WSGI application; gunicorn runs ``web:create_app()``."""
     config = config or Config.from_env()
     app = Flask(__name__)
+    app.session_interface = _LazySessions()
     store = storage if storage is not None else open_storage(config)
     redis_conn = None
     if config.redis_url:

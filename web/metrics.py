@@ -8,11 +8,10 @@ depth, reaped processes and governor pauses are read from storage and Redis at s
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Flask, Response, g, request
+from flask import Flask, Response, request
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -93,10 +92,6 @@ class _LiveCollector(Collector):
 
 
 def init_app(app: Flask, svc: Services) -> None:
-    @app.before_request
-    def _start() -> None:
-        g.started = time.monotonic()
-
     children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     @app.after_request
