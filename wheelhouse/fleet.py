@@ -163,3 +163,17 @@ def explain_unservable(conn: Redis, spec: BuildSpec) -> str | None:
     return (f"no live worker can build for CUDA {spec.cuda} on {spec.machine} "
             f"(it needs a CUDA {spec.cuda.split('.')[0]}.x toolkit, "
             f"{spec.cuda} or newer); the fleet offers: {', '.join(offered) or 'nothing'}")
+
+
+def build_id_prefix(conn: Redis) -> str:
+    """The prefix of this fleet's build ids (``wh1a2b3c4d-``), the cookie every build carries.
+
+    It is derived from the Redis the fleet shares, so a worker sweeping orphans at start only
+    ever touches builds of its own fleet, never those of another deployment on the same host
+    (or of ``wheelhouse build``, which runs without Redis).
+    """
+    import hashlib
+
+    kw = conn.connection_pool.connection_kwargs
+    where = f"{kw.get('host', '')}:{kw.get('port', '')}/{kw.get('db', 0)}{kw.get('path', '')}"
+    return "wh" + hashlib.sha256(where.encode()).hexdigest()[:8] + "-"

@@ -19,7 +19,7 @@ import click
 from wheelhouse.buildspec import BuildSpec, FailureKind
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, InvalidBuildSpec, WheelhouseError
-from wheelhouse.fleet import WorkerAd, advertise, live_workers, withdraw
+from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
 from worker.build import Reporter
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def live_builds_on_host(conn: Redis, *, exclude: str) -> set[str]:
-    """Build ids that other live workers on this host are running (never swept)."""
+    """Job ids that other live workers on this host are running (never swept)."""
     host = socket.gethostname()
     live = set()
     for ad in live_workers(conn):
@@ -85,14 +85,15 @@ def sweep_stale(conn: Redis, config: Config, *, name: str) -> str:
     """Kill orphans of dead builds on this host and remove their workspaces; say what was done."""
     from worker.reaper import sweep_orphans
 
-    live = live_builds_on_host(conn, exclude=name)
-    report = sweep_orphans(live, id_prefix="build-")
+    prefix = build_id_prefix(conn)
+    live = {prefix + job_id for job_id in live_builds_on_host(conn, exclude=name)}
+    report = sweep_orphans(live, id_prefix=prefix)
     removed = 0
     workspace = Path(config.workspace)
     if workspace.is_dir():
         for entry in workspace.iterdir():
             build_id = entry.name.rsplit("-", 1)[0]
-            if entry.is_dir() and entry.name.startswith("build-") and build_id not in live:
+            if entry.is_dir() and entry.name.startswith(prefix) and build_id not in live:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed += 1
     return (f"swept {report.processes} orphaned process(es) "

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed
+from wheelhouse.fleet import build_id_prefix
 from wheelhouse.queue import append_log, cancel_requested
 from wheelhouse.storage import open_storage
 from worker import build
@@ -100,7 +101,8 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
     try:
         result = build.run_build(
             spec, config=config, storage=open_storage(config), reporter=reporter,
-            source=Path(source) if source else None, timeout=timeout, build_id=job.id,
+            source=Path(source) if source else None, timeout=timeout,
+            build_id=build_id_prefix(job.connection) + job.id,
         )
     except BuildFailed as exc:
         reporter.finish(phase="failed", failure={"kind": exc.kind, "reason": exc.reason},
