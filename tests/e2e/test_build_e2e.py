@@ -194,6 +194,35 @@ def test_enqueue_build_publish_install_import(
     assert "['add', 'scale']" in out.stdout and "a + b on CUDA" in out.stdout
 
 
+def test_a_compile_error_fails_once_with_its_reason(
+    fleet_config: Config, worker: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    src = tmp_path / "broken"
+    shutil.copytree(CUDAEXT, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    scale = src / "csrc" / "scale.cu"
+    scale.write_text(scale.read_text().replace("x[i] * factor", "x[i] * factr"))
+    broken = BuildSpec.create("cudaext", "0.0.1", python="3.11", torch="2.14", cuda="13.0",
+                              archs=["80"])
+    sdist = make_sdist(src, tmp_path / "sdist", "cudaext", "0.0.1")
+    conn = redis.Redis.from_url(fleet_config.redis_url or "")
+    q.enqueue_build(conn, broken, source=str(sdist), timeout=600)
+    deadline = time.monotonic() + 600
+    while not (status := q.get_build(conn, broken.job_id)) or not status.finished:
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.5)
+    assert status.state is q.BuildState.FAILED
+    assert status.failure_kind == FailureKind.COMPILE_ERROR.value
+    assert status.reason == 'scale.cu(6): error: identifier "factr" is undefined'
+    # Not retried: another attempt can't fix a compile error (the job had one retry for
+    # abandonment by a dead worker).
+    time.sleep(2)
+    again = q.get_build(conn, broken.job_id)
+    assert again is not None and again.state is q.BuildState.FAILED
+    assert not q.enqueue_build(conn, broken, source=str(sdist)).created
+    log = open_storage(fleet_config).get_bytes(log_key(broken)).decode()
+    assert "FAILED [compile_error]" in log
+
+
 # --- the real flash-attn sdist ----------------------------------------------------------------
 
 def _pypi_reachable() -> bool:

@@ -115,3 +115,26 @@ def test_a_compile_error_surfaces_from_the_probe(tmp_path: Path) -> None:
     assert "[probe 1/1]" in log and "[1/" not in log and "bindings.cpp" not in log
     assert "FAILED [compile_error]" in log
     assert not list(storage.list("records/"))
+
+
+def test_wheelhouse_build_exits_non_zero_with_the_reason(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from tests.helpers import config_env
+
+    src = tmp_path / "broken"
+    shutil.copytree(CUDAEXT, src, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    (src / "csrc" / "add.cu").write_text("this is not C++\n")
+    sdist = make_sdist(src, tmp_path / "sdist", "cudaext", "0.1.0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
+    env.update(config_env(build_config(tmp_path)))
+    out = subprocess.run(
+        [shutil.which("wheelhouse") or "wheelhouse", "build", str(sdist), "--torch", "2.14",
+         "--cuda", "13.0", "--python", "3.11", "--arch", "sm80", "--timeout", "600"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert out.returncode == 1, out.stderr
+    assert "==> compile" in out.stderr and "MAX_JOBS=" in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "Error: build failed [compile_error]: add.cu(1): error:")
+    assert "Traceback" not in out.stderr
