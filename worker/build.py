@@ -19,9 +19,10 @@ import subprocess
 import time
 import uuid
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -41,6 +42,7 @@ from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess, Outcome
 from worker.sdist import download_sdist, find_sdist, unpack
 
+T = TypeVar("T")
 _PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 #: Variables a build may see from the worker's environment; everything else is dropped.
 _KEEP_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
@@ -275,10 +277,14 @@ class Builder:
 
     def _already_published(self) -> Record | None:
         key = record_key(self.spec.variant.base, self.spec.project, self.spec.expected_wheel_name)
-        try:
-            return Record.from_json(self.storage.get_bytes(key))
-        except FileNotFoundError:
-            return None
+
+        def look() -> Record | None:
+            try:
+                return Record.from_json(_storage_call(lambda: self.storage.get_bytes(key)))
+            except FileNotFoundError:
+                return None
+
+        return with_retries("reading storage", look, log=self.log.write)
 
     def _toolkit(self) -> ToolkitInfo:
         self.reporter.phase("toolkit")
@@ -523,19 +529,13 @@ class Builder:
 
         def attempt() -> Record:
             try:
-                return publish(self.storage, wheel, self.spec.variant, archs=archs,
-                               build=dict(self.facts))
+                return _storage_call(lambda: publish(self.storage, wheel, self.spec.variant,
+                                                     archs=archs, build=dict(self.facts)))
             except AlreadyPublished:
                 existing = self._already_published()
                 if existing is None:
                     raise
                 return existing
-            except (OSError, WheelhouseError):
-                raise
-            except Exception as exc:  # botocore's errors are not OSErrors
-                if type(exc).__module__.startswith(("botocore", "boto3", "urllib3")):
-                    raise InfrastructureError(f"storage: {exc}") from exc
-                raise
 
         try:
             record = with_retries("publishing", attempt, log=self.log.write)
@@ -548,11 +548,23 @@ class Builder:
         if not self.log.path.exists():
             return
         try:
-            with_retries("storing the log",
-                         lambda: self.storage.put_file(log_key(self.spec), self.log.path),
-                         attempts=2, delays=(2,))
+            with_retries("storing the log", lambda: _storage_call(
+                lambda: self.storage.put_file(log_key(self.spec), self.log.path)),
+                attempts=2, delays=(2,))
         except BuildFailed:
             return  # the log is a convenience; the build's own outcome stands
+
+
+def _storage_call(fn: Callable[[], T]) -> T:
+    """Run a storage operation; botocore's errors (not OSErrors) become infrastructure errors."""
+    try:
+        return fn()
+    except (OSError, WheelhouseError):
+        raise
+    except Exception as exc:
+        if type(exc).__module__.startswith(("botocore", "boto3", "urllib3", "s3transfer")):
+            raise InfrastructureError(f"storage: {exc}") from exc
+        raise
 
 
 def _pyproject_requires(src: Path) -> list[str]:
