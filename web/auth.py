@@ -49,8 +49,6 @@ RATE_PREFIX = "wheelhouse:rate:"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
 #: Default budget of build-costing requests per token: ``COUNT/SECONDS``.
-DEFAULT_RATE_LIMIT = "30/60"
-DEFAULT_LOGIN_RATE_LIMIT = "10/60"
 #: Paths that never need read credentials (probes, the login form, static files).
 _OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/login", "/static/")
 
@@ -96,12 +94,10 @@ def init_app(app: Flask) -> None:
     app.secret_key = svc.config.secret_key or _shared_secret(svc.redis)
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
                       SESSION_COOKIE_NAME="wheelhouse_session")
-    extra = svc.config.extra
     app.extensions["wheelhouse.auth"] = {
         "read": ReadAuth.parse(svc.config.auth),
-        "rate": RateLimit.parse(extra.get("WHEELHOUSE_RATE_LIMIT", DEFAULT_RATE_LIMIT)),
-        "login_rate": RateLimit.parse(
-            extra.get("WHEELHOUSE_LOGIN_RATE_LIMIT", DEFAULT_LOGIN_RATE_LIMIT)),
+        "rate": RateLimit.parse(svc.config.rate_limit),
+        "login_rate": RateLimit.parse(svc.config.login_rate_limit),
     }
     app.before_request(_protect_reads)
     app.context_processor(lambda: {"csrf_token": csrf_token, "current_token": current_token})

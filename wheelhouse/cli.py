@@ -21,6 +21,7 @@ _LAZY: dict[str, str] = {
     "serve": "web.cli:serve",
     "worker": "worker.cli:worker_command",
     "build": "worker.cli:build_command",
+    "workers": "worker.cli:workers_command",
     "token": "wheelhouse.cli_tokens:token",
     "request": "wheelhouse.cli_tokens:request_command",
 }

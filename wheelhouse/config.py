@@ -61,7 +61,7 @@ class Config:
     """Default build deadline in seconds, enforced by the worker on the whole process tree."""
 
     secret_key: str | None = None
-    """Flask secret for sessions and CSRF; generated per process when unset."""
+    """Flask secret for sessions and CSRF; unset: one generated and shared through Redis."""
 
     auth: str | None = None
     """Optional read protection for the index: ``basic:user:password`` or ``token``."""
@@ -86,6 +86,12 @@ class Config:
 
     build_reserve_gib: float = 0.0
     """Memory kept free beside builds, in GiB; 0: max(8 GiB, 15%), scaled down on small hosts."""
+
+    rate_limit: str = "30/60"
+    """Build API requests allowed per token, as ``COUNT/SECONDS``."""
+
+    login_rate_limit: str = "10/60"
+    """Failed token sign-ins allowed per client address, as ``COUNT/SECONDS``."""
 
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""

@@ -54,3 +54,5 @@ class BuildFailed(WheelhouseError, RuntimeError):
         super().__init__(f"[{kind}] {reason}")
         self.kind = kind
         self.reason = reason
+        #: What the build had measured when it failed (seconds, reaped, governor pauses).
+        self.facts: dict[str, object] = {}

@@ -270,6 +270,7 @@ class Builder:
         except BuildFailed as exc:
             self.log.write(f"FAILED [{exc.kind}]: {exc.reason}")
             self._store_log()
+            exc.facts = {**self.facts, "seconds": round(time.monotonic() - started, 1)}
             raise
         finally:
             if not self.keep_workspace:

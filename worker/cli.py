@@ -330,15 +330,22 @@ def build_command(target: str, torch_version: str, cuda: str, python_version: st
 
 @click.command("workers")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per worker.")
-def workers_command(as_json: bool) -> None:
+@click.option("--this-host", is_flag=True,
+              help="Only this host's workers; exit 1 if there is none (for healthchecks).")
+def workers_command(as_json: bool, this_host: bool) -> None:
     """List the live build workers and what they can build."""
     import redis
 
     config = Config.from_env()
     if not config.redis_url:
         raise click.ClickException("WHEELHOUSE_REDIS_URL is not set")
-    conn = redis.Redis.from_url(config.redis_url)
+    conn = redis.Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=5)
     ads = live_workers(conn)
+    if this_host:
+        # A container healthcheck: healthy while a worker of this host keeps its heartbeat.
+        ads = [ad for ad in ads if ad.hostname == socket.gethostname()]
+        if not ads:
+            raise click.ClickException(f"no live worker on {socket.gethostname()}")
     if as_json:
         for ad in ads:
             click.echo(ad.to_json())

@@ -12,6 +12,7 @@ from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed
 from wheelhouse.fleet import build_id_prefix
 from wheelhouse.queue import append_log, cancel_requested
+from wheelhouse.stats import record_build
 from wheelhouse.storage import open_storage
 from worker import build
 from worker.reaper import become_subreaper
@@ -84,6 +85,19 @@ class RedisReporter(build.Reporter):
         self._save(force=True)
 
 
+def _count(conn: Redis, state: str, facts: dict[str, Any]) -> None:
+    """Fleet-wide counters for ``/metrics``; a Redis hiccup must not fail the build."""
+    from redis.exceptions import RedisError
+
+    reaped = facts.get("reaped")
+    try:
+        record_build(conn, state=state, seconds=float(facts.get("seconds") or 0.0),
+                     reaped=int(reaped["processes"]) if isinstance(reaped, dict) else 0,
+                     pauses=int(facts.get("governor_pauses") or 0))
+    except RedisError as exc:
+        log.warning("could not count the build in Redis: %s", exc)
+
+
 def run_build(spec_data: dict[str, Any], source: str | None = None,
               timeout: int | None = None) -> dict[str, Any]:
     """Build one spec inside an RQ work horse; the job's meta carries progress and the outcome."""
@@ -107,7 +121,10 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
     except BuildFailed as exc:
         reporter.finish(phase="failed", failure={"kind": exc.kind, "reason": exc.reason},
                         log_key=build.log_key(spec))
+        _count(job.connection, exc.kind, exc.facts)
         raise
+    if not result.already_published:
+        _count(job.connection, "built", result.build)
     summary = ("already published" if result.already_published
                else f"built in {result.seconds:.0f} s")
     reporter.finish(phase="published", wheel=result.record.filename, summary=summary,

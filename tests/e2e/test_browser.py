@@ -6,15 +6,12 @@ Screenshots of every page go to ``<artifacts>/browser/``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +20,7 @@ from redis import Redis
 
 from tests.helpers import config_env, start_index
 from tests.web.buildhelpers import advertise_worker
-from tests.worker.conftest import CUDAEXT, FIXTURE_RECIPES, TORCH_FIND_LINKS, make_sdist
+from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS
 from wheelhouse.config import Config
 from wheelhouse.fleet import live_workers
 from wheelhouse.tokens import create_token
@@ -52,51 +49,6 @@ def shots(artifacts_dir: Path) -> Path:
     out = artifacts_dir / "browser"
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-def _upstream_handler(sdist: Path) -> type[BaseHTTPRequestHandler]:
-    import hashlib
-
-    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
-
-    class Handler(BaseHTTPRequestHandler):
-        """A PEP 691 upstream index with one project: the fixture extension's sdist."""
-
-        def do_GET(self) -> None:
-            if self.path == f"/files/{sdist.name}":
-                self._send(sdist.read_bytes(), "application/gzip")
-            elif self.path.rstrip("/") == "/simple/cudaext":
-                page = {"meta": {"api-version": "1.1"}, "name": "cudaext", "versions": ["0.1.0"],
-                        "files": [{"filename": sdist.name, "url": f"/files/{sdist.name}",
-                                   "hashes": {"sha256": sha}}]}
-                self._send(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
-            else:
-                self.send_error(404)
-
-        def _send(self, body: bytes, ctype: str) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Handler
-
-
-@pytest.fixture
-def upstream(tmp_path: Path) -> Iterator[str]:
-    sdist = make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _upstream_handler(sdist))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _config(tmp_path: Path, redis_url: str, upstream: str) -> Config:
@@ -150,12 +102,12 @@ def _fill(page: Any, *, version: str, torch: str, cuda: str, python: str,
 
 
 def test_validation_error_and_cancel(
-        browser: Any, redis_url: str, tmp_path: Path, upstream: str, shots: Path) -> None:
+        browser: Any, redis_url: str, tmp_path: Path, cudaext_upstream: str, shots: Path) -> None:
     """No GPU needed: a fleet advert for CUDA 12.8 that nobody consumes keeps builds queued."""
     conn = Redis.from_url(redis_url)
     advertise_worker(conn, cuda="12.8", ttl=600)
     token = create_token(conn, "browser")
-    config = _config(tmp_path, redis_url, upstream)
+    config = _config(tmp_path, redis_url, cudaext_upstream)
     with start_index(config, tmp_path) as url:
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         _sign_in(page, url, token, shots)
@@ -196,7 +148,7 @@ def test_validation_error_and_cancel(
 @pytest.mark.slow
 @pytest.mark.nvcc
 def test_watch_a_real_worker_build(
-        browser: Any, redis_url: str, tmp_path: Path, upstream: str, shots: Path) -> None:
+        browser: Any, redis_url: str, tmp_path: Path, cudaext_upstream: str, shots: Path) -> None:
     """Sign in, request, and watch progress and log advance live while ``wheelhouse worker``
     builds the fixture extension with real nvcc; then install from the index."""
     from tests.worker.conftest import nvcc_missing
@@ -208,7 +160,7 @@ def test_watch_a_real_worker_build(
         pytest.skip(reason)
     conn = Redis.from_url(redis_url)
     token = create_token(conn, "browser")
-    config = _config(tmp_path, redis_url, upstream)
+    config = _config(tmp_path, redis_url, cudaext_upstream)
     with start_index(config, tmp_path) as url, _worker(config, tmp_path) as worker_log:
         deadline = time.monotonic() + 120
         while not live_workers(conn):

@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -130,9 +129,7 @@ def test_enqueue_build_publish_install_import(
         q.enqueue_build(conn, BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.8",
                                                cuda="12.8"))
 
-    # `wheelhouse workers` (worker.cli.workers_command), invoked directly until it's registered.
-    listing = subprocess.run([sys.executable, "-c",
-                              "from worker.cli import workers_command; workers_command()"],
+    listing = subprocess.run(["wheelhouse", "workers"],
                              capture_output=True, text=True,
                              env={**os.environ, **config_env(fleet_config)}, check=True)
     assert "e2e-worker" in listing.stdout and "build-cu130-x86_64" in listing.stdout

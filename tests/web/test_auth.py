@@ -230,7 +230,7 @@ def test_session_cookie_on_the_api_needs_the_csrf_header(
 
 def test_tokens_are_rate_limited_each_on_its_own(
         redis_url: str, tmp_path: Path, conn: Redis) -> None:
-    app = make_app(redis_url, tmp_path, extra={"WHEELHOUSE_RATE_LIMIT": "3/3600"})
+    app = make_app(redis_url, tmp_path, rate_limit="3/3600")
     client = app.test_client()
     advertise_worker(conn)
     alice, bob = token(conn, "alice"), token(conn, "bob")
@@ -246,7 +246,7 @@ def test_tokens_are_rate_limited_each_on_its_own(
 
 
 def test_failed_sign_ins_are_rate_limited(redis_url: str, tmp_path: Path) -> None:
-    app = make_app(redis_url, tmp_path, extra={"WHEELHOUSE_LOGIN_RATE_LIMIT": "2/600"})
+    app = make_app(redis_url, tmp_path, login_rate_limit="2/600")
     client = app.test_client()
     csrf = csrf_of(client.get("/login").text)
     codes = [client.post("/login", data={"token": "whk_guess", "csrf_token": csrf}).status_code
@@ -256,7 +256,7 @@ def test_failed_sign_ins_are_rate_limited(redis_url: str, tmp_path: Path) -> Non
 
 def test_bad_rate_limit_setting_fails_at_start(redis_url: str, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="COUNT/SECONDS"):
-        make_app(redis_url, tmp_path, extra={"WHEELHOUSE_RATE_LIMIT": "lots"})
+        make_app(redis_url, tmp_path, rate_limit="lots")
 
 
 # -- read protection --
