@@ -67,6 +67,47 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _live_names(conn: Redis) -> set[str]:
+    """Workers that are alive: a current advert, and on this host a running process."""
+    host = socket.gethostname()
+    names = set()
+    for ad in live_workers(conn):
+        pid = ad.extra.get("pid")
+        if ad.hostname == host and isinstance(pid, int) and not _pid_alive(pid):
+            continue
+        names.add(ad.name)
+    return names
+
+
+def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str) -> list[str]:
+    """Hand the jobs of dead workers to RQ's own abandoned-job path now.
+
+    RQ notices an abandoned job only when its heartbeat entry expires and a maintenance pass
+    runs (minutes later). A worker that is gone (no advert, or its process is dead on this
+    host) is known sooner: its started jobs are marked expired and RQ's cleanup then retries
+    each once (``Retry(max=1)``) or fails it.
+    """
+    from rq.job import Job
+    from rq.registry import StartedJobRegistry
+
+    live = _live_names(conn) | {me}
+    abandoned: list[str] = []
+    for name in queues:
+        registry = StartedJobRegistry(name, connection=conn)
+        expired = {}
+        for member in conn.zrange(registry.key, 0, -1):
+            entry = member.decode() if isinstance(member, bytes) else str(member)
+            job_id = registry.parse_job_id(entry)
+            job = Job.fetch(job_id, connection=conn) if Job.exists(job_id, conn) else None
+            if job is not None and job.worker_name and job.worker_name not in live:
+                expired[entry] = 0
+                abandoned.append(job_id)
+        if expired:
+            conn.zadd(registry.key, expired)
+            registry.cleanup()
+    return abandoned
+
+
 def live_builds_on_host(conn: Redis, *, exclude: str) -> set[str]:
     """Job ids that other live workers on this host are running (never swept)."""
     host = socket.gethostname()
@@ -125,8 +166,16 @@ class _Heartbeat(threading.Thread):
             log.warning("heartbeat failed: %s", exc)
 
     def run(self) -> None:
+        from redis.exceptions import RedisError
+
         while not self.stopped.wait(self.interval):
             self.beat()
+            try:
+                for job_id in requeue_abandoned(self.conn, self.ad.queues, me=self.ad.name):
+                    log.warning("job %s was abandoned by a dead worker; handed to RQ to retry",
+                                job_id)
+            except RedisError as exc:
+                log.warning("abandoned-job check failed: %s", exc)
 
 
 @click.command("worker")
@@ -169,6 +218,8 @@ def worker_command(name: str | None, burst: bool, only_cuda: tuple[str, ...]) ->
     heartbeat = _Heartbeat(conn, ad, float(config.worker_heartbeat_seconds),
                            rq_worker.get_current_job_id)
     heartbeat.beat()
+    for job_id in requeue_abandoned(conn, queues, me=name):
+        click.echo(f"job {job_id} was abandoned by a dead worker; handed to RQ to retry")
     heartbeat.start()
     try:
         rq_worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
