@@ -79,4 +79,7 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
         app.register_blueprint(module.bp)
         if hasattr(module, "init_app"):
             module.init_app(app)
+    from web.fastpath import CachedPages
+
+    app.wsgi_app = CachedPages(app)  # type: ignore[method-assign]
     return app

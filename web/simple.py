@@ -23,6 +23,7 @@ from flask import (
 )
 from packaging.utils import InvalidName, NormalizedName, canonicalize_name
 from werkzeug.exceptions import NotFound
+from werkzeug.utils import get_content_type
 from werkzeug.wrappers import Response as BaseResponse
 
 from web.app import services
@@ -50,6 +51,10 @@ class Page:
     headers: tuple[tuple[str, str], ...]
     mimetype: str | None = None
     status: int = 200
+
+    @property
+    def content_type(self) -> str:
+        return get_content_type(self.mimetype or "text/html", "utf-8")
 
 
 _Key = tuple[str, str, str, str]
@@ -84,6 +89,12 @@ def init_app(app: Flask) -> None:
 
 _negotiated: dict[tuple[str, str | None], str] = {}
 _NEGOTIATED_MAX = 512
+STATUS_LINES = {200: "200 OK", 302: "302 FOUND", 304: "304 NOT MODIFIED"}
+
+
+def known_format(accept: str) -> str | None:
+    """The format already negotiated for this Accept header (no ``?format=``), if any."""
+    return _negotiated.get((accept, None))
 
 
 def negotiate() -> str:

@@ -1,0 +1,85 @@
+"""Index-page cache hits answered before Flask builds a request context.
+
+uv and pip fetch the same project pages over and over; once a page is rendered (by the Flask
+view in ``web.simple``) it is a dictionary look-up away. This WSGI middleware does that look-up
+and answers directly; everything else (misses, other routes, read-protected indexes, callers
+that send a request id, JSON logging) goes to Flask unchanged. It uses the same page cache,
+negotiation table and metrics as the views, so the two paths give identical answers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flask import Flask
+
+from web import simple
+from web.metrics import BYTES, PAGE_CACHE, REQUESTS
+
+StartResponse = Callable[..., Any]
+_ROUTES = {"root": "/<variant_key>/simple/", "project": "/<variant_key>/simple/<name>/"}
+
+
+class CachedPages:
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+        self.next = app.wsgi_app
+        svc = app.extensions["wheelhouse"]
+        self.catalog = svc.catalog
+        self.cache: simple.PageCache = app.extensions["wheelhouse_pages"]
+        # Read protection and JSON access logs live in Flask's hooks: leave those to Flask.
+        self.enabled = not svc.config.auth and not svc.config.log_json
+        self.hit = PAGE_CACHE.labels("hit")
+        self._counters: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        answer = self._answer(environ, start_response) if self.enabled else None
+        return answer if answer is not None else self.next(environ, start_response)
+
+    def _answer(self, environ: dict[str, Any],
+                start_response: StartResponse) -> Iterable[bytes] | None:
+        method = environ.get("REQUEST_METHOD")
+        if method not in ("GET", "HEAD") or environ.get("QUERY_STRING") \
+                or "HTTP_X_REQUEST_ID" in environ:
+            return None
+        parts = environ.get("PATH_INFO", "").split("/")
+        if len(parts) != 5 or parts[0] or parts[2] != "simple" or parts[4]:
+            if len(parts) != 4 or parts[0] or parts[2] != "simple" or parts[3]:
+                return None
+            parts.insert(3, "")
+        kind = "project" if parts[3] else "root"
+        fmt = simple.known_format(environ.get("HTTP_ACCEPT", ""))
+        if fmt is None:
+            return None
+        key = (environ.get("SCRIPT_NAME", "") + kind, parts[1], parts[3], fmt)
+        page = self.cache.get(self.catalog.generation, key)
+        if page is None:
+            return None
+        self.hit.inc()
+        inm = environ.get("HTTP_IF_NONE_MATCH")
+        if inm is not None and (inm == page.etag or page.etag in _etags(inm)):
+            status, body = 304, b""
+            headers = [*page.headers]
+        else:
+            status, body = page.status, page.body
+            headers = [*page.headers, ("Content-Type", page.content_type),
+                       ("Content-Length", str(len(body)))]
+        headers.append(("X-Request-ID", os.urandom(16).hex()))
+        self._count(_ROUTES[kind], method, status, len(body))
+        start_response(simple.STATUS_LINES[status], headers)
+        return [] if method == "HEAD" else [body]
+
+    def _count(self, route: str, method: str, status: int, size: int) -> None:
+        pair = self._counters.get((route, method, status))
+        if pair is None:
+            pair = (REQUESTS.labels(route, method, str(status)), BYTES.labels(route))
+            self._counters[(route, method, status)] = pair
+        pair[0].inc()
+        if size:
+            pair[1].inc(size)
+
+
+def _etags(header: str) -> list[str]:
+    return [t.strip().removeprefix("W/") for t in header.split(",")]
