@@ -35,13 +35,13 @@ class CachedPages:
         self._counters: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        answer = self._answer(environ, start_response) if self.enabled else None
+        answer = self._answer(environ, start_response)
         return answer if answer is not None else self.next(environ, start_response)
 
     def _answer(self, environ: dict[str, Any],
                 start_response: StartResponse) -> Iterable[bytes] | None:
         method = environ.get("REQUEST_METHOD")
-        if method not in ("GET", "HEAD") or environ.get("QUERY_STRING") \
+        if not self.enabled or method not in ("GET", "HEAD") or environ.get("QUERY_STRING") \
                 or "HTTP_X_REQUEST_ID" in environ:
             return None
         parts = environ.get("PATH_INFO", "").split("/")
