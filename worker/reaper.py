@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import os
-import re
 import signal
 import subprocess
 import time
@@ -29,18 +27,19 @@ from pathlib import Path
 
 import psutil
 
+from worker import cgroups
+
 BUILD_ID_ENV = "WHEELHOUSE_BUILD_ID"
 """The environment variable every process of a build carries: its build id."""
 
-CGROUP_PREFIX = "wheelhouse-"
-"""Name prefix of the per-build cgroup directories."""
+CGROUP_PREFIX = cgroups.PREFIX
+cgroup_base = cgroups.base
 
 KILL_LIMIT = 60.0
 """Seconds after which ``kill_tree`` gives up and reports survivors."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
-_SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 # psutil's create_time has jiffy resolution and is derived from the boot time; leave slack.
 _CTIME_SLACK = 2.0
 
@@ -181,126 +180,6 @@ def _signal(pid: int, sig: signal.Signals) -> bool:
 # --- cgroup v2 ------------------------------------------------------------------------------
 
 
-def _cgroup2_mount() -> Path | None:
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        left, sep, right = line.partition(" - ")
-        if sep and right.split(" ", 1)[0] == "cgroup2":
-            return Path(left.split(" ")[4])
-    return None
-
-
-def cgroup_base() -> Path | None:
-    """This process's own cgroup v2 directory, if it is writable (builds go below it)."""
-    mount = _cgroup2_mount()
-    if mount is None:
-        return None
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        if line.startswith("0::"):
-            base = mount / line[3:].lstrip("/")
-            if os.access(base, os.W_OK) and (base / "cgroup.procs").exists():
-                return base
-    return None
-
-
-def _cgroup_pids(path: Path) -> set[int]:
-    try:
-        return {int(x) for x in (path / "cgroup.procs").read_text().split()}
-    except (OSError, ValueError):
-        return set()
-
-
-def _cgroup_kill(path: Path) -> bool:
-    try:
-        (path / "cgroup.kill").write_text("1")
-    except OSError:
-        return False
-    return True
-
-
-def _cgroup_freeze(path: Path, frozen: bool, timeout: float = 0.5) -> bool:
-    """Freeze (or thaw) a cgroup, so a fast forker can't outrun a scan; wait until it's done."""
-    try:
-        (path / "cgroup.freeze").write_text("1" if frozen else "0")
-    except OSError:
-        return False
-    end = time.monotonic() + timeout
-    want = f"frozen {int(frozen)}"
-    while time.monotonic() < end:
-        try:
-            if want in (path / "cgroup.events").read_text().splitlines():
-                return True
-        except OSError:
-            return False
-        time.sleep(0.005)
-    return False
-
-
-def _cgroup_remove(path: Path, timeout: float = 2.0) -> bool:
-    """rmdir a cgroup; it stays busy for a moment after its last process dies."""
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            path.rmdir()
-        except FileNotFoundError:
-            return True
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() >= end:
-                return False
-            time.sleep(0.02)
-        else:
-            return True
-
-
-def _make_cgroup(build_id: str, memory_max: int | None) -> Path | None:
-    if not _SAFE_ID.fullmatch(build_id):
-        return None
-    base = cgroup_base()
-    if base is None:
-        return None
-    path = base / f"{CGROUP_PREFIX}{build_id}"
-    try:
-        path.mkdir()
-    except OSError:
-        return None
-    if memory_max is not None:
-        controllers = (path / "cgroup.controllers").read_text().split()
-        if "memory" in controllers:
-            with contextlib.suppress(OSError):
-                (path / "memory.max").write_text(str(memory_max))
-    return path
-
-
-def _cgroup_oom_kills(path: Path | None) -> int:
-    if path is None:
-        return 0
-    try:
-        text = (path / "memory.events").read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return 0
-
-
-# The trampoline moves itself into the cgroup and then execs the build, so the build's very first
-# instruction already runs inside it (no fork can race the move). The build's argv travels as
-# positional parameters, never through the shell's parser.
-_CGROUP_TRAMPOLINE = '{ echo 0 > "$0"; } 2>/dev/null; exec "$@"'
-
-
-# --- the kill loop ------------------------------------------------------------------------
-
-
 def _kill_loop(
     find: Callable[[], dict[_Key, _Proc]],
     *,
@@ -339,7 +218,7 @@ def _kill_loop(
     while time.monotonic() < end:
         if cgroup is not None:
             # Frozen, the cgroup's member list is exact: every process is counted and killed.
-            _cgroup_freeze(cgroup, True)
+            cgroups.freeze(cgroup, True)
         procs = live()
         if not procs:
             break
@@ -349,10 +228,10 @@ def _kill_loop(
             if _signal(key[0], signal.SIGKILL):
                 signalled.add(key)
         if cgroup is not None:
-            _cgroup_kill(cgroup)
+            cgroups.kill(cgroup)
         time.sleep(0.02)
     if cgroup is not None:
-        _cgroup_freeze(cgroup, False, timeout=0)
+        cgroups.freeze(cgroup, False, timeout=0)
     return ReapReport(
         processes=len(signalled), signals=signals,
         seconds=round(time.monotonic() - start, 3), survivors=len(procs),
@@ -397,10 +276,10 @@ class BuildProcess:
         """
         if not argv:
             raise ValueError("empty argv")
-        cgroup = _make_cgroup(build_id, memory_max) if use_cgroup else None
+        cgroup = cgroups.make(build_id, memory_max) if use_cgroup else None
         full_argv = list(argv)
         if cgroup is not None:
-            full_argv = ["/bin/sh", "-c", _CGROUP_TRAMPOLINE, str(cgroup / "cgroup.procs"),
+            full_argv = ["/bin/sh", "-c", cgroups.TRAMPOLINE, str(cgroup / "cgroup.procs"),
                          *argv]
         full_env = {**env, BUILD_ID_ENV: build_id}
         started_at = time.time()
@@ -413,7 +292,7 @@ class BuildProcess:
                 )
             except BaseException:
                 if cgroup is not None:
-                    _cgroup_remove(cgroup)
+                    cgroups.remove(cgroup)
                 raise
         return cls(popen, build_id=build_id, cgroup=cgroup, started_at=started_at)
 
@@ -426,7 +305,7 @@ class BuildProcess:
 
     def oom_kills(self) -> int:
         """The cgroup's ``memory.events`` oom_kill counter (0 without a memory cgroup)."""
-        return _cgroup_oom_kills(self.cgroup)
+        return cgroups.oom_kills(self.cgroup)
 
     # -- finding the build's processes --
 
@@ -448,7 +327,7 @@ class BuildProcess:
             else:
                 del self._known[pid]
         if self.cgroup is not None:
-            roots |= _cgroup_pids(self.cgroup) & table.keys()
+            roots |= cgroups.pids(self.cgroup) & table.keys()
         by_session = self._session_usable(table)
         oldest = self._started_at - _CTIME_SLACK
         for proc in table.values():
@@ -558,8 +437,8 @@ class BuildProcess:
 
     def close(self) -> None:
         """Remove the build's cgroup (once it is empty)."""
-        if self.cgroup is not None and not _cgroup_pids(self.cgroup):
-            if _cgroup_remove(self.cgroup):
+        if self.cgroup is not None and not cgroups.pids(self.cgroup):
+            if cgroups.remove(self.cgroup):
                 self.cgroup = None
 
 
@@ -591,22 +470,22 @@ def sweep_orphans(
     def stale(build_id: str | None) -> bool:
         return build_id is not None and build_id.startswith(id_prefix) and build_id not in live
 
-    cgroups: list[Path] = []
-    base = cgroup_base()
+    stale_groups: list[Path] = []
+    base = cgroups.base()
     if base is not None:
         with contextlib.suppress(OSError):
             for path in base.iterdir():
                 name = path.name
                 if path.is_dir() and name.startswith(CGROUP_PREFIX) and stale(
                         name[len(CGROUP_PREFIX):]):
-                    cgroups.append(path)
+                    stale_groups.append(path)
 
     def find() -> dict[_Key, _Proc]:
         table = _scan()
         protected = _ancestors(me, table)
         roots: set[int] = set()
-        for cg in cgroups:
-            roots |= _cgroup_pids(cg)
+        for cg in stale_groups:
+            roots |= cgroups.pids(cg)
         for proc in table.values():
             if proc.uid == uid and not proc.zombie and stale(_environ_cookie(proc.pid)):
                 roots.add(proc.pid)
@@ -619,7 +498,7 @@ def sweep_orphans(
                 _reap_zombie(pid)
 
     report = _kill_loop(find, grace=grace, reap=reap)
-    for cg in cgroups:
-        _cgroup_kill(cg)
-        _cgroup_remove(cg)
+    for cg in stale_groups:
+        cgroups.kill(cg)
+        cgroups.remove(cg)
     return report
