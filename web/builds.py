@@ -355,23 +355,6 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
 
 # -- many builds at once (the matrix) --
 
-_RQ_STATES = {
-    "queued": BuildState.QUEUED, "deferred": BuildState.QUEUED, "scheduled": BuildState.QUEUED,
-    "started": BuildState.BUILDING, "finished": BuildState.BUILT, "failed": BuildState.FAILED,
-    "stopped": BuildState.FAILED, "canceled": BuildState.CANCELLED,
-}
-
-
-def job_state(job: Job) -> BuildState:
-    """The same mapping as ``wheelhouse.queue.get_build``, for jobs fetched in bulk."""
-    status = job.get_status(refresh=False)
-    state = _RQ_STATES.get(str(getattr(status, "value", status)), BuildState.QUEUED)
-    failure = job.meta.get("failure") or {}
-    if state is BuildState.FAILED and failure.get("kind") == "cancelled":
-        return BuildState.CANCELLED
-    return state
-
-
 def all_build_jobs(conn: Redis, *, finished_limit: int = 2000) -> list[Job]:
     """Every build job the queues and registries know, fetched in one pipeline."""
     from rq import Queue

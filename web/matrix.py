@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from web.builds import all_build_jobs, job_state
+from web.builds import all_build_jobs
 from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidVariant
-from wheelhouse.queue import BuildState
+from wheelhouse.queue import BuildState, state_of
 from wheelhouse.variants import Variant
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
                 python = str(spec["python"])
             except (KeyError, TypeError, InvalidVariant):
                 continue  # not one of ours
-            state = job_state(job)
+            state = state_of(job)
             failure = job.meta.get("failure") or {}
             progress = job.meta.get("progress")
             place(proj, job_version, variant, python, Cell(

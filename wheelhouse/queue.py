@@ -100,7 +100,8 @@ def _fetch(conn: Redis, job_id: str) -> Job | None:
         return None
 
 
-def _state(job: Job) -> BuildState:
+def state_of(job: Job) -> BuildState:
+    """A job's build state; for jobs fetched in bulk as much as one by one."""
     status = job.get_status(refresh=False)
     state = _STATES.get(str(getattr(status, "value", status)), BuildState.QUEUED)
     failure = job.meta.get("failure") or {}
@@ -134,7 +135,7 @@ def enqueue_build(
     job_id = spec.job_id
     existing = _fetch(conn, job_id)
     if existing is not None:
-        state = _state(existing)
+        state = state_of(existing)
         if not (rerun_failed and state in (BuildState.FAILED, BuildState.CANCELLED)):
             return Enqueued(job_id, state, created=False)
         existing.delete()
@@ -153,7 +154,7 @@ def enqueue_build(
         )
     except DuplicateJobError:
         job = _fetch(conn, job_id)
-        return Enqueued(job_id, _state(job) if job else BuildState.QUEUED, created=False)
+        return Enqueued(job_id, state_of(job) if job else BuildState.QUEUED, created=False)
     return Enqueued(job_id, BuildState.QUEUED, created=True)
 
 
@@ -163,7 +164,7 @@ def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
     if job is None:
         return None
     meta = dict(job.meta)
-    state = _state(job)
+    state = state_of(job)
     failure = meta.get("failure") or {}
     progress = meta.get("progress")
     position = None
@@ -198,7 +199,7 @@ def cancel_build(conn: Redis, job_id: str) -> bool:
     job = _fetch(conn, job_id)
     if job is None:
         return False
-    state = _state(job)
+    state = state_of(job)
     if state is BuildState.QUEUED:
         job.cancel()
         return True
