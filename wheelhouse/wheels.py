@@ -25,7 +25,7 @@ from packaging.utils import (
     canonicalize_name,
     parse_wheel_filename,
 )
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from wheelhouse.errors import InvalidWheel, VersionMismatch
 
@@ -111,7 +111,7 @@ def parse_metadata(data: bytes) -> CoreMetadata:
             version=Version(str(msg["Version"])),
             requires_python=msg["Requires-Python"],
         )
-    except Exception as exc:  # packaging raises InvalidVersion; a missing header gives "None"
+    except InvalidVersion as exc:  # a missing Version header reads as "None"
         raise InvalidWheel(f"METADATA is malformed: {exc}") from None
 
 

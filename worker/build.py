@@ -558,14 +558,13 @@ class Builder:
 
 def _storage_call(fn: Callable[[], T]) -> T:
     """Run a storage operation; botocore's errors (not OSErrors) become infrastructure errors."""
+    from boto3.exceptions import Boto3Error
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         return fn()
-    except (OSError, WheelhouseError):
-        raise
-    except Exception as exc:
-        if type(exc).__module__.startswith(("botocore", "boto3", "urllib3", "s3transfer")):
-            raise InfrastructureError(f"storage: {exc}") from exc
-        raise
+    except (BotoCoreError, ClientError, Boto3Error) as exc:
+        raise InfrastructureError(f"storage: {exc}") from exc
 
 
 def _pyproject_requires(src: Path) -> list[str]:

@@ -44,9 +44,12 @@ def _build_worker_class() -> type[Any]:
 
         def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
                                exc_string: str = "") -> None:
+            from redis.exceptions import RedisError
+            from rq.exceptions import NoSuchJobError
+
             try:
                 failure = job.get_meta(refresh=True).get("failure") or {}
-            except Exception:  # the job hash may be gone; keep RQ's own behaviour then
+            except (NoSuchJobError, RedisError):  # keep RQ's own behaviour then
                 failure = {}
             kind = failure.get("kind")
             if kind is not None and kind != FailureKind.INFRASTRUCTURE.value:
@@ -158,7 +161,7 @@ class _Heartbeat(threading.Thread):
 
         try:
             job_id = self.current_job()
-        except Exception:  # RQ may be between jobs; the advert must keep flowing regardless
+        except RedisError:  # the advert must keep flowing regardless
             job_id = None
         try:
             advertise(self.conn, replace(self.ad, current_job=job_id), ttl=self.interval * 4)
