@@ -16,10 +16,15 @@ from typing import Any
 from flask import Flask
 
 from web import simple
+from web.files import IMMUTABLE, METADATA_SUFFIX
 from web.metrics import BYTES, PAGE_CACHE, REQUESTS
+from wheelhouse.errors import InvalidVariant
+from wheelhouse.variants import parse_variant
 
 StartResponse = Callable[..., Any]
-_ROUTES = {"root": "/<variant_key>/simple/", "project": "/<variant_key>/simple/<name>/"}
+_ROUTES = {"root": "/<variant_key>/simple/", "project": "/<variant_key>/simple/<name>/",
+           "file": "/files/<base_key>/<project>/<filename>"}
+_METADATA_TYPE = "text/plain; charset=utf-8"
 
 
 class CachedPages:
@@ -29,6 +34,7 @@ class CachedPages:
         svc = app.extensions["wheelhouse"]
         self.catalog = svc.catalog
         self.cache: simple.PageCache = app.extensions["wheelhouse_pages"]
+        self.metadata: dict[str, bytes] = app.extensions.setdefault("wheelhouse_metadata", {})
         # Read protection and JSON access logs live in Flask's hooks: leave those to Flask.
         self.enabled = not svc.config.auth and not svc.config.log_json
         self.hit = PAGE_CACHE.labels("hit")
@@ -45,6 +51,8 @@ class CachedPages:
                 or "HTTP_X_REQUEST_ID" in environ:
             return None
         parts = environ.get("PATH_INFO", "").split("/")
+        if len(parts) == 5 and parts[1] == "files" and parts[4].endswith(METADATA_SUFFIX):
+            return self._metadata(environ, start_response, method, parts[2], parts[3], parts[4])
         if len(parts) != 5 or parts[0] or parts[2] != "simple" or parts[4]:
             if len(parts) != 4 or parts[0] or parts[2] != "simple" or parts[3]:
                 return None
@@ -68,6 +76,33 @@ class CachedPages:
                        ("Content-Length", str(len(body)))]
         headers.append(("X-Request-ID", os.urandom(16).hex()))
         self._count(_ROUTES[kind], method, status, len(body))
+        start_response(simple.STATUS_LINES[status], headers)
+        return [] if method == "HEAD" else [body]
+
+    def _metadata(self, environ: dict[str, Any], start_response: StartResponse, method: str,
+                  base_key: str, project: str, filename: str) -> Iterable[bytes] | None:
+        """A published wheel's METADATA whose body is already in memory (no ranges here)."""
+        if "HTTP_RANGE" in environ:
+            return None
+        try:
+            base = parse_variant(base_key)
+        except InvalidVariant:
+            return None
+        record = self.catalog.find(base, project,
+                                   filename.removesuffix(METADATA_SUFFIX))
+        body = self.metadata.get(record.metadata_key) if record is not None else None
+        if record is None or body is None:
+            return None
+        etag = f'"{record.metadata_sha256}"'
+        headers = [("ETag", etag), ("Cache-Control", IMMUTABLE), ("Accept-Ranges", "bytes"),
+                   ("X-Request-ID", os.urandom(16).hex())]
+        inm = environ.get("HTTP_IF_NONE_MATCH")
+        if inm is not None and (inm == etag or etag in _etags(inm)):
+            status, body = 304, b""
+        else:
+            status = 200
+            headers += [("Content-Type", _METADATA_TYPE), ("Content-Length", str(len(body)))]
+        self._count(_ROUTES["file"], method, status, len(body))
         start_response(simple.STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]
 

@@ -94,3 +94,20 @@ def test_read_protected_index_always_asks_flask(app_config: Any, published: list
     assert client.get(path, headers=good).status_code == 200
     assert _direct(app, path, {}) is None
     assert client.get(path).status_code == 401
+
+
+def test_metadata_hit_matches_the_flask_answer(app: Flask, client: FlaskClient,
+                                               published: list[Record]) -> None:
+    r = published[0]
+    path = f"/files/{VARIANT}/{r.project}/{r.filename}.metadata"
+    assert _direct(app, path, {}) is None  # not read yet
+    first = client.get(path)
+    status, headers, body = _direct(app, path, {})
+    assert status == "200 OK" and body == first.data
+    for name in ("ETag", "Cache-Control", "Accept-Ranges", "Content-Type", "Content-Length"):
+        assert headers.get(name) == first.headers.get(name), name
+    assert _direct(app, path, {"If-None-Match": first.headers["ETag"]})[0] == "304 NOT MODIFIED"
+    assert _direct(app, path, {"Range": "bytes=0-9"}) is None  # ranges: Flask
+    assert _direct(app, f"/files/{VARIANT}/{r.project}/nope-1.0-py3-none-any.whl.metadata",
+                   {}) is None
+    assert _direct(app, f"/files/bad-key/{r.project}/{r.filename}.metadata", {}) is None
