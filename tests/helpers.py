@@ -168,3 +168,28 @@ def start_index(config: Config, tmp_path: Path, *, workers: int = 2,
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@contextlib.contextmanager
+def run_worker(config: Config, name: str, log: Path, *args: str,
+               extra_env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``wheelhouse worker`` in its own session, configured by ``config``; on exit its process
+    group is asked to stop warmly (SIGTERM), then coldly (a second SIGTERM), then killed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
+    env.update(config_env(config))
+    env.update(extra_env or {})
+    with log.open("ab") as out:
+        proc = subprocess.Popen([shutil.which("wheelhouse") or "wheelhouse", "worker",
+                                 "--name", name, *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(timeout=20)
+                break
+            except subprocess.TimeoutExpired:
+                continue

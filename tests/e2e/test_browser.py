@@ -5,11 +5,7 @@ Screenshots of every page go to ``<artifacts>/browser/``.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +14,7 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from tests.helpers import config_env, start_index
+from tests.helpers import run_worker, start_index
 from tests.web.buildhelpers import advertise_worker
 from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS
 from wheelhouse.config import Config
@@ -57,28 +53,6 @@ def _config(tmp_path: Path, redis_url: str, upstream: str) -> Config:
                   recipe_dirs=str(FIXTURE_RECIPES), torch_index_url="",
                   torch_find_links=TORCH_FIND_LINKS, catalog_refresh_seconds=0.5,
                   worker_heartbeat_seconds=2, build_timeout=1500)
-
-
-@contextlib.contextmanager
-def _worker(config: Config, tmp_path: Path) -> Iterator[Path]:
-    """``wheelhouse worker`` in its own session; stopped by its process group."""
-    log = tmp_path / "worker.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
-    env.update(config_env(config))
-    wheelhouse = shutil.which("wheelhouse") or "wheelhouse"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([wheelhouse, "worker", "--name", "browser-worker"], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        yield log
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _sign_in(page: Any, url: str, token: str, shots: Path) -> None:
@@ -161,7 +135,9 @@ def test_watch_a_real_worker_build(
     conn = Redis.from_url(redis_url)
     token = create_token(conn, "browser")
     config = _config(tmp_path, redis_url, cudaext_upstream)
-    with start_index(config, tmp_path) as url, _worker(config, tmp_path) as worker_log:
+    worker_log = tmp_path / "worker.log"
+    with start_index(config, tmp_path) as url, \
+            run_worker(config, "browser-worker", worker_log):
         deadline = time.monotonic() + 120
         while not live_workers(conn):
             assert time.monotonic() < deadline, worker_log.read_text()

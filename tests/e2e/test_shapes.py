@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,15 @@ import pytest
 import redis
 import requests
 
-from tests.helpers import clean_env, config_env, free_port, make_venv, start_index, wait_for_port
+from tests.helpers import (
+    clean_env,
+    config_env,
+    free_port,
+    make_venv,
+    run_worker,
+    start_index,
+    wait_for_port,
+)
 from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS, require_nvcc
 from wheelhouse.config import Config
 from wheelhouse.localredis import socket_path
@@ -147,24 +154,6 @@ def _fake_cuda_128(root: Path) -> Path:
     return root
 
 
-@contextlib.contextmanager
-def _worker(name: str, env: dict[str, str], log: Path, *args: str) -> Iterator[None]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(["wheelhouse", "worker", "--name", name, *args], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=20)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-
-
 def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
                s3_config: Config) -> None:
     config = _config(tmp_path, cudaext_upstream, redis_url=redis_url,
@@ -172,11 +161,10 @@ def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
     conn = redis.Redis.from_url(redis_url)
     token = create_token(conn, "fleet")
     headers = {"Authorization": f"Bearer {token}"}
-    env = _env(config)
-    other = _env(config, CUDA_HOME=str(_fake_cuda_128(tmp_path / "cuda-12.8")))
+    other = {"CUDA_HOME": str(_fake_cuda_128(tmp_path / "cuda-12.8"))}
     with start_index(config, tmp_path, workers=4) as url, \
-            _worker("gpu-a", env, tmp_path / "a.log", "--cuda", "13.0"), \
-            _worker("gpu-b", other, tmp_path / "b.log", "--cuda", "12.8"):
+            run_worker(config, "gpu-a", tmp_path / "a.log", "--cuda", "13.0"), \
+            run_worker(config, "gpu-b", tmp_path / "b.log", "--cuda", "12.8", extra_env=other):
         deadline = time.monotonic() + 60
         while len(requests.get(f"{url}/api/workers", timeout=5).json()["workers"]) < 2:
             assert time.monotonic() < deadline, (tmp_path / "b.log").read_text()

@@ -7,12 +7,9 @@ import contextlib
 import hashlib
 import os
 import re
-import shutil
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,11 +18,10 @@ import pytest
 import redis
 import requests
 
-from tests.helpers import config_env, start_index
+from tests.helpers import run_worker, start_index
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvcc
 from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec
-from wheelhouse.config import Config
 from wheelhouse.fleet import build_id_prefix, live_workers
 from worker.reaper import BUILD_ID_ENV
 
@@ -44,27 +40,6 @@ def _nvcc() -> None:
 @pytest.fixture
 def cudaext_sdist(tmp_path: Path) -> Path:
     return make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
-
-
-@contextlib.contextmanager
-def _worker(config: Config, name: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
-    env.update(config_env(config))
-    with log.open("ab") as out:
-        proc = subprocess.Popen([shutil.which("wheelhouse") or "wheelhouse", "worker",
-                                 "--name", name], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=20)
-                break
-            except subprocess.TimeoutExpired:
-                continue
 
 
 def _carrying(cookie: str) -> list[psutil.Process]:
@@ -109,7 +84,7 @@ def test_sigkilled_worker(tmp_path: Path, redis_url: str, cudaext_sdist: Path) -
 
         watcher = threading.Thread(target=watch_index, daemon=True)
         watcher.start()
-        with _worker(config, "doomed", log) as first:
+        with run_worker(config, "doomed", log) as first:
             _wait_for("the worker never advertised", lambda: live_workers(conn), 60, log)
             job = q.enqueue_build(conn, SPEC, source=str(cudaext_sdist), timeout=1500)
             cookie = build_id_prefix(conn) + job.job_id
@@ -135,7 +110,7 @@ def test_sigkilled_worker(tmp_path: Path, redis_url: str, cudaext_sdist: Path) -
         assert survivors, "the compilers should outlive a SIGKILLed worker (that's the problem)"
         assert q.get_build(conn, job.job_id).state is q.BuildState.BUILDING  # type: ignore[union-attr]
 
-        with _worker(config, "restarted", log):
+        with run_worker(config, "restarted", log):
             # Its start-up sweep kills the dead build's orphans...
             _wait_for("orphans survived the restart",
                       lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
