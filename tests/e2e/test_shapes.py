@@ -10,7 +10,10 @@ that can build it, and ``/api/workers`` and ``/metrics`` say so.
 from __future__ import annotations
 
 import contextlib
+import html
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -81,6 +84,8 @@ def _wait_built(url: str, build_id: str, headers: dict[str, str],
 
 
 def _install_and_import(url: str, tmp_path: Path) -> str:
+    """Install torch and our wheel into a fresh venv; return the installed version, after
+    checking that the front page's snippet prints this index's URL for that torch."""
     python = make_venv(tmp_path / "fresh")
     env = clean_env(UV_CACHE_DIR=str(tmp_path / "uv-cache"))
     uv = shutil.which("uv") or "uv"
@@ -89,6 +94,13 @@ def _install_and_import(url: str, tmp_path: Path) -> str:
                     "torch==2.14.1"], env=env, check=True)
     subprocess.run([uv, "pip", "install", "--python", str(python), "--index-url",
                     f"{url}/{ROOT}/simple", "--no-deps", "cudaext"], env=env, check=True)
+    home = requests.get(f"{url}/", timeout=10).text
+    snippet = html.unescape(re.search(r'<pre id="snippet">(.*?)</pre>', home, re.S)[1])  # type: ignore[index]
+    argv = shlex.split(snippet)
+    assert argv[0] == "python"
+    printed = subprocess.run([str(python), *argv[1:]], capture_output=True, text=True,
+                             env=env, check=True).stdout.strip()
+    assert printed == f"{url}/torch2.14-cu130/simple"
     return subprocess.run(
         [str(python), "-W", "ignore", "-c",
          "import importlib.metadata as m, cudaext; print(m.version('cudaext'))"],
