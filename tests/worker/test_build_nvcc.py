@@ -138,3 +138,28 @@ def test_wheelhouse_build_exits_non_zero_with_the_reason(tmp_path: Path) -> None
     assert out.stderr.strip().splitlines()[-1].startswith(
         "Error: build failed [compile_error]: add.cu(1): error:")
     assert "Traceback" not in out.stderr
+
+
+def test_wheelhouse_build_publishes_to_the_configured_storage(tmp_path: Path) -> None:
+    """The single-box command without Redis: build, check, publish, exit 0."""
+    import os
+    import subprocess
+
+    from tests.helpers import config_env
+
+    sdist = make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
+    config = build_config(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
+    env.update(config_env(config))
+    out = subprocess.run(
+        [shutil.which("wheelhouse") or "wheelhouse", "build", str(sdist), "--torch", "2.14",
+         "--cuda", "13.0", "--python", "3.11", "--arch", "sm80", "--timeout", "900"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert SPEC.expected_wheel_name in out.stdout + out.stderr
+    catalog = Catalog(open_storage(config), 0)
+    [record] = catalog.files(SPEC.variant, SPEC.project)  # type: ignore[arg-type]
+    assert record.filename == SPEC.expected_wheel_name
+    # The record says what MAX_JOBS was chosen and why, and what the build measured.
+    assert str(record.build["max_jobs"]["reason"]).startswith("MAX_JOBS=")
+    assert record.build["toolkit"].startswith("V13.0") and record.build["peak_tree_bytes"] > 0
