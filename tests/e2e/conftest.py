@@ -9,14 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port, make_wheel, wait_for_port
+from tests.helpers import QuietHandler, free_port, make_wheel, serve_http, wait_for_port
 from tests.worker.conftest import CUDAEXT, make_sdist
 
 
@@ -50,29 +49,20 @@ def upstream_index(tmp_path: Path) -> Iterator[str]:
 def _upstream_handler(sdist: Path) -> type[BaseHTTPRequestHandler]:
     sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         """A PEP 691 upstream index with one project: the fixture extension's sdist."""
 
         def do_GET(self) -> None:
             if self.path == f"/files/{sdist.name}":
-                self._send(sdist.read_bytes(), "application/gzip")
+                self.send_body(sdist.read_bytes(), "application/gzip")
             elif self.path.rstrip("/") == "/simple/cudaext":
                 page = {"meta": {"api-version": "1.1"}, "name": "cudaext", "versions": ["0.1.0"],
                         "files": [{"filename": sdist.name, "url": f"/files/{sdist.name}",
                                    "hashes": {"sha256": sha}}]}
-                self._send(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
+                self.send_body(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
             else:
                 self.send_error(404)
 
-        def _send(self, body: bytes, ctype: str) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
 
     return Handler
 
@@ -81,11 +71,5 @@ def _upstream_handler(sdist: Path) -> type[BaseHTTPRequestHandler]:
 def cudaext_upstream(tmp_path: Path) -> Iterator[str]:
     """A PEP 691 upstream index on a real HTTP server, serving the fixture extension's sdist."""
     sdist = make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _upstream_handler(sdist))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_upstream_handler(sdist)) as url:
+        yield f"{url}/simple/"

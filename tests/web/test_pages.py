@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import html
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ from flask.testing import FlaskClient
 from redis import Redis
 from rq.job import Job, JobStatus
 
-from tests.helpers import make_wheel
+from tests.helpers import QuietHandler, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import GENERATION_KEY, Record, record_key
@@ -211,7 +209,7 @@ def test_one_build_lands_on_its_page(client: FlaskClient, conn: Redis) -> None:
     assert 'id="cancel-form"' in page.text
 
 
-class _Upstream(BaseHTTPRequestHandler):
+class _Upstream(QuietHandler):
     def do_GET(self) -> None:
         if self.path.rstrip("/") != "/simple/flash-attn" or "vnd.pypi.simple.v1+json" not in \
                 self.headers.get("Accept", ""):
@@ -221,26 +219,13 @@ class _Upstream(BaseHTTPRequestHandler):
                            "files": [{"filename": f"flash_attn-{v}.tar.gz", "url": "x",
                                       "hashes": {}} for v in ("2.7.4", "2.8.3", "2.8.2")],
                            "versions": ["2.7.4", "2.8.2", "2.8.3"]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.send_body(body, "application/vnd.pypi.simple.v1+json")
 
 
 @pytest.fixture
 def upstream_json() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple/"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Upstream) as url:
+        yield f"{url}/simple/"
 
 
 def test_versions_come_from_the_upstream_index(

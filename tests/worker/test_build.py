@@ -7,16 +7,15 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
 import psutil
 import pytest
 
+from tests.helpers import QuietHandler, serve_http
 from tests.worker.conftest import build_config
 from wheelhouse.buildspec import BuildSpec, FailureKind
 from wheelhouse.errors import BuildFailed
@@ -97,13 +96,13 @@ def test_infrastructure_failures_are_retried_then_classified() -> None:
 
 # --- sdists from an index, over real HTTP ---------------------------------------------------
 
-class _Index(BaseHTTPRequestHandler):
+class _Index(QuietHandler):
     files: ClassVar[dict[str, bytes]] = {}
 
     def do_GET(self) -> None:
         parts = self.path.strip("/").split("/")
         if parts[0] == "files" and parts[-1] in self.files:
-            self._send(self.files[parts[-1]], "application/octet-stream")
+            self.send_body(self.files[parts[-1]], "application/octet-stream")
         elif len(parts) == 2 and parts[1] == "demo-ext":
             data = self.files["demo_ext-1.0.tar.gz"]
             good = hashlib.sha256(data).hexdigest()
@@ -111,27 +110,18 @@ class _Index(BaseHTTPRequestHandler):
             if parts[0] == "html":
                 body = (f'<a href="../../files/demo_ext-1.0.tar.gz#sha256={sha}">'
                         "demo_ext-1.0.tar.gz</a>").encode()
-                self._send(body, "text/html")
+                self.send_body(body, "text/html")
             else:
                 files = [{"filename": "demo_ext-1.0.tar.gz",
                           "url": "../../files/demo_ext-1.0.tar.gz",
                           "hashes": {"sha256": sha} if sha else {}},
                          {"filename": "demo_ext-0.9.tar.gz", "url": "../../files/x",
                           "hashes": {"sha256": "1" * 64}}]
-                self._send(json.dumps({"meta": {"api-version": "1.0"}, "files": files}).encode(),
-                           "application/vnd.pypi.simple.v1+json")
+                page = {"meta": {"api-version": "1.0"}, "files": files}
+                self.send_body(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
         else:
             self.send_error(404)
 
-    def _send(self, body: bytes, ctype: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
 
 
 @pytest.fixture
@@ -143,14 +133,8 @@ def index(tmp_path: Path) -> Iterator[str]:
 
     _Index.files = {"demo_ext-1.0.tar.gz": make_sdist(src, tmp_path, "demo_ext", "1.0")
                     .read_bytes()}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Index)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_Index) as url:
+        yield url
 
 
 @pytest.mark.parametrize("flavour", ["json", "html"])
