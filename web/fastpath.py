@@ -35,8 +35,8 @@ class CachedPages:
         self.catalog = svc.catalog
         self.cache: simple.PageCache = app.extensions["wheelhouse_pages"]
         self.metadata: dict[str, bytes] = app.extensions.setdefault("wheelhouse_metadata", {})
-        # Read protection and JSON access logs live in Flask's hooks: leave those to Flask.
-        self.enabled = not svc.config.auth and not svc.config.log_json
+        # Read protection, JSON access logs and build-on-miss need Flask: leave them to it.
+        self.enabled = not (svc.config.auth or svc.config.log_json or svc.config.build_on_miss)
         self.hit = PAGE_CACHE.labels("hit")
         self._counters: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 

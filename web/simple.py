@@ -26,6 +26,7 @@ from werkzeug.exceptions import NotFound
 from werkzeug.utils import get_content_type
 from werkzeug.wrappers import Response as BaseResponse
 
+from web import onmiss
 from web.app import services
 from web.metrics import PAGE_CACHE
 from wheelhouse.catalog import Record
@@ -204,18 +205,30 @@ def project_no_slash(variant_key: str, name: str) -> BaseResponse:
 def project(variant_key: str, name: str) -> BaseResponse:
     fmt = negotiate()
     generation, key, page = _lookup("project", variant_key, name, fmt)
+    svc = services()
     if page is not None:
+        if svc.config.build_on_miss:  # a cached page was valid: name and key are normal
+            _build_on_miss(_variant(variant_key), name)  # type: ignore[arg-type]
         return _respond(page)
     variant = _variant(variant_key)
     normalized = _project(name)
     if normalized != name:
         return redirect(url_for("simple.project", variant_key=variant_key, name=normalized), 301)
-    files = services().catalog.files(variant, normalized)
+    files = svc.catalog.files(variant, normalized)
+    if svc.config.build_on_miss:
+        _build_on_miss(variant, normalized)
     if files:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
     else:
         page = _make_page(b"", fmt, status=302, location=_not_hosted(variant, normalized))
     return _respond(_store(generation, key, page))
+
+
+def _build_on_miss(variant: Variant, project: NormalizedName) -> None:
+    """Checked on every request (the fast path stands aside while the policy is on)."""
+    svc = services()
+    onmiss.maybe_build(svc, variant, project, svc.catalog.files(variant, project),
+                       request.headers.get("User-Agent", ""))
 
 
 def _not_hosted(variant: Variant, project: NormalizedName) -> str:

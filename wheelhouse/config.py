@@ -87,6 +87,9 @@ class Config:
     build_reserve_gib: float = 0.0
     """Memory kept free beside builds, in GiB; 0: max(8 GiB, 15%), scaled down on small hosts."""
 
+    build_on_miss: bool = False
+    """Enqueue a build when an installer's Python has no wheel on a recipe project's page."""
+
     rate_limit: str = "30/60"
     """Build API requests allowed per token, as ``COUNT/SECONDS``."""
 

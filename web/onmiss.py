@@ -1,0 +1,82 @@
+"""Build on miss (a policy, off by default): the index notices which Python is asking.
+
+uv's and pip's User-Agent carries JSON with the installer's Python and CPU. When a project page
+of a project with a recipe is served and that Python has no wheel of the newest version on it,
+the build is enqueued (the spec's job id deduplicates it; a Redis key rate-limits repeats) and
+the page is still answered at once. Errors here never fail the page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from packaging.utils import NormalizedName, parse_wheel_filename
+from packaging.version import Version
+
+from web.app import Services
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.catalog import Record
+from wheelhouse.errors import WheelhouseError
+from wheelhouse.queue import enqueue_build
+from wheelhouse.recipes import recipe_projects
+from wheelhouse.variants import Variant
+
+log = logging.getLogger(__name__)
+#: One build-on-miss attempt per spec at most this often.
+RATE_SECONDS = 600
+RATE_PREFIX = "wheelhouse:onmiss:"
+
+
+def installer_python(user_agent: str) -> tuple[str, str] | None:
+    """(``3.11``, ``x86_64``) from a uv or pip User-Agent, or None."""
+    _, _, data = user_agent.partition(" ")
+    if not data.startswith("{") or len(data) > 4096:
+        return None
+    try:
+        info = json.loads(data)
+        version = Version(str(info["python"]))
+        cpu = str(info.get("cpu") or "x86_64")
+    except (ValueError, KeyError, TypeError):
+        return None
+    return f"{version.major}.{version.minor}", cpu
+
+
+def _covers(filename: str, python: str) -> bool:
+    tag = "cp" + python.replace(".", "")
+    _name, _ver, _build, tags = parse_wheel_filename(filename)
+    return any(t.interpreter == tag or t.abi == "abi3" or t.interpreter.startswith("py")
+               for t in tags)
+
+
+def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
+                files: list[Record], user_agent: str) -> str | None:
+    """Enqueue the newest version for the installer's Python if it has no wheel; the job id."""
+    if svc.redis is None or not files:
+        return None
+    asked = installer_python(user_agent)
+    if asked is None:
+        return None
+    python, cpu = asked
+    newest = max(Version(r.version).public for r in files)
+    if any(_covers(r.filename, python) for r in files if Version(r.version).public == newest):
+        return None
+    from redis.exceptions import RedisError
+
+    try:
+        dirs = [d for d in svc.config.recipe_dirs.split(":") if d]
+        if project not in recipe_projects(dirs):
+            return None
+        spec = BuildSpec.create(project, newest, python=python, torch=variant.torch,
+                                cuda=variant.cuda, archs=variant.archs,
+                                cxx11abi=variant.cxx11abi, machine=cpu)
+        if not svc.redis.set(RATE_PREFIX + spec.job_id, "1", nx=True, ex=RATE_SECONDS):
+            return None
+        job = enqueue_build(svc.redis, spec, timeout=svc.config.build_timeout)
+    except (WheelhouseError, RedisError) as exc:
+        log.info("build on miss for %s %s (Python %s) not enqueued: %s", project, newest,
+                 python, exc)
+        return None
+    if job.created:
+        log.info("build on miss: enqueued %s", job.job_id)
+    return job.job_id
