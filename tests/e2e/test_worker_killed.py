@@ -22,6 +22,7 @@ from tests.helpers import run_worker, start_index
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvcc
 from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec
+from wheelhouse.config import Config
 from wheelhouse.fleet import build_id_prefix, live_workers
 from worker.reaper import BUILD_ID_ENV
 
@@ -70,62 +71,84 @@ def test_sigkilled_worker(tmp_path: Path, redis_url: str, cudaext_sdist: Path) -
     with start_index(config, tmp_path) as url:
         def watch_index() -> None:
             """Whatever the index lists must be whole: size and sha256 as downloaded."""
-            while not stop.is_set():
-                page = requests.get(f"{url}/torch2.14-cu130-sm80/simple/cudaext/", headers=JSON,
-                                    allow_redirects=False, timeout=10)
-                if page.status_code == 200:
+            while not stop.wait(0.5):
+                try:
+                    page = requests.get(f"{url}/torch2.14-cu130-sm80/simple/cudaext/",
+                                        headers=JSON, allow_redirects=False, timeout=10)
+                    if page.status_code != 200:
+                        continue
                     for f in page.json()["files"]:
                         body = requests.get(url + f["url"], timeout=30).content
                         if (len(body) != f["size"]
                                 or hashlib.sha256(body).hexdigest() != f["hashes"]["sha256"]):
                             anomalies.append(f"partial or wrong file listed: {f['filename']}")
                     return
-                time.sleep(0.5)
+                except requests.RequestException:
+                    continue  # a slow moment on a loaded machine; ask again
 
         watcher = threading.Thread(target=watch_index, daemon=True)
         watcher.start()
-        with run_worker(config, "doomed", log) as first:
-            _wait_for("the worker never advertised", lambda: live_workers(conn), 60, log)
-            job = q.enqueue_build(conn, SPEC, source=str(cudaext_sdist), timeout=1500)
-            cookie = build_id_prefix(conn) + job.job_id
-
-            def compiling() -> bool:
-                names = {p.name() for p in _carrying(cookie) if p.is_running()}
-                return bool(names & {"nvcc", "cicc", "cudafe++", "ptxas", "cc1plus"})
-
-            _wait_for("no compiler started", compiling, 600, log)
-            orphans = _carrying(cookie)
-            # The worker, its work horse and its scheduler die at once, as with a lost host.
-            # (The build's own processes are left alone: they are what must be cleaned up.)
-            worker_side = [p for p in psutil.Process(first.pid).children(recursive=True)
-                           if p not in orphans]
-            os.kill(first.pid, signal.SIGKILL)
-            for p in worker_side:
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
-            first.wait()
-        time.sleep(1)
-        survivors = [p for p in orphans if p.is_running()
-                     and p.status() != psutil.STATUS_ZOMBIE]
-        assert survivors, "the compilers should outlive a SIGKILLed worker (that's the problem)"
-        assert q.get_build(conn, job.job_id).state is q.BuildState.BUILDING  # type: ignore[union-attr]
-
-        with run_worker(config, "restarted", log):
-            # Its start-up sweep kills the dead build's orphans...
-            _wait_for("orphans survived the restart",
-                      lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                      for p in survivors), 60, log)
-            # ...and the abandoned job runs again, once, and is built.
-            _wait_for("the abandoned job was not built on retry",
-                      lambda: q.get_build(conn, job.job_id).finished, 1500, log)  # type: ignore[union-attr]
-            status = q.get_build(conn, job.job_id)
-            assert status is not None and status.state is q.BuildState.BUILT, status
-            assert "job " + job.job_id + " was abandoned" in log.read_text()
-            from rq.job import Job
-
-            assert Job.fetch(job.job_id, connection=conn).retries_left == 0
-        watcher.join(timeout=60)
-        stop.set()
+        try:
+            _kill_and_restart(config, conn, log, cudaext_sdist)
+            watcher.join(timeout=60)  # it saw the finished wheel (or the test fails below)
+        finally:
+            stop.set()
+            watcher.join(timeout=30)
     assert not anomalies, anomalies
     sweeps = re.findall(r"swept (\d+) orphaned process", log.read_text())
     assert len(sweeps) == 2 and int(sweeps[1]) >= 1, sweeps
+
+
+def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path) -> None:
+    with run_worker(config, "doomed", log) as first:
+        _wait_for("the worker never advertised", lambda: live_workers(conn), 60, log)
+        job = q.enqueue_build(conn, SPEC, source=str(sdist), timeout=1500)
+        cookie = build_id_prefix(conn) + job.job_id
+
+        def compiling() -> bool:
+            # The full compile (ninja's [N/M] seen), not the one-file probe, which may end
+            # before the kill lands.
+            status = q.get_build(conn, job.job_id)
+            if status is None or status.progress is None:
+                return False
+            names = {p.name() for p in _carrying(cookie) if p.is_running()}
+            return bool(names & {"nvcc", "cicc", "cudafe++", "ptxas", "cc1plus"})
+
+        _wait_for("no compiler started", compiling, 900, log)
+        # The worker, its work horse and its scheduler die at once, as with a lost host. The
+        # build's own processes (those carrying its cookie) are what must be cleaned up.
+        orphans = _carrying(cookie)
+        worker_side = []
+        for p in psutil.Process(first.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get(BUILD_ID_ENV) != cookie:
+                    worker_side.append(p)
+        os.kill(first.pid, signal.SIGKILL)
+        for p in worker_side:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        first.wait()
+    time.sleep(1)
+    survivors = [p for p in orphans if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert survivors, "the compilers should outlive a SIGKILLed worker (that's the problem)"
+    status = q.get_build(conn, job.job_id)
+    assert status is not None and status.state is q.BuildState.BUILDING
+
+    with run_worker(config, "restarted", log):
+        # Its start-up sweep kills the dead build's orphans...
+        _wait_for("orphans survived the restart",
+                  lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                  for p in survivors), 60, log)
+
+        # ...and the abandoned job runs again, once, and is built.
+        def finished() -> bool:
+            status = q.get_build(conn, job.job_id)
+            return status is not None and status.finished
+
+        _wait_for("the abandoned job was not built on retry", finished, 1500, log)
+        status = q.get_build(conn, job.job_id)
+        assert status is not None and status.state is q.BuildState.BUILT, status
+        assert "job " + job.job_id + " was abandoned" in log.read_text()
+        from rq.job import Job
+
+        assert Job.fetch(job.job_id, connection=conn).retries_left == 0
