@@ -19,6 +19,15 @@ from wheelhouse.storage import LocalStorage, S3Storage, Storage
 ARTIFACTS = Path(os.environ.get("WHEELHOUSE_TEST_ARTIFACTS", "test-artifacts")).resolve()
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``nvcc`` skip with the reason where nvcc or torch is missing, and fail
+    instead where ``WHEELHOUSE_REQUIRE_NVCC=1`` (as in .ci/run)."""
+    if item.get_closest_marker("nvcc") is not None:
+        from tests.worker.conftest import require_nvcc
+
+        require_nvcc()
+
+
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a loopback port, private to this test session; yields its URL."""

@@ -17,7 +17,7 @@ from flask import Flask
 
 from web import simple
 from web.files import IMMUTABLE, METADATA_SUFFIX
-from web.metrics import BYTES, PAGE_CACHE, REQUESTS
+from web.metrics import PAGE_CACHE, count_request
 from wheelhouse.errors import InvalidVariant
 from wheelhouse.variants import parse_variant
 
@@ -38,7 +38,6 @@ class CachedPages:
         # Read protection, JSON access logs and build-on-miss need Flask: leave them to it.
         self.enabled = not (svc.config.auth or svc.config.log_json or svc.config.build_on_miss)
         self.hit = PAGE_CACHE.labels("hit")
-        self._counters: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         answer = self._answer(environ, start_response)
@@ -75,7 +74,7 @@ class CachedPages:
             headers = [*page.headers, ("Content-Type", page.content_type),
                        ("Content-Length", str(len(body)))]
         headers.append(("X-Request-ID", os.urandom(16).hex()))
-        self._count(_ROUTES[kind], method, status, len(body))
+        count_request(_ROUTES[kind], method, status, len(body))
         start_response(simple.STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]
 
@@ -102,18 +101,10 @@ class CachedPages:
         else:
             status = 200
             headers += [("Content-Type", _METADATA_TYPE), ("Content-Length", str(len(body)))]
-        self._count(_ROUTES["file"], method, status, len(body))
+        count_request(_ROUTES["file"], method, status, len(body))
         start_response(simple.STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]
 
-    def _count(self, route: str, method: str, status: int, size: int) -> None:
-        pair = self._counters.get((route, method, status))
-        if pair is None:
-            pair = (REQUESTS.labels(route, method, str(status)), BYTES.labels(route))
-            self._counters[(route, method, status)] = pair
-        pair[0].inc()
-        if size:
-            pair[1].inc(size)
 
 
 def _etags(header: str) -> list[str]:

@@ -91,21 +91,26 @@ class _LiveCollector(Collector):
         yield pauses
 
 
-def init_app(app: Flask, svc: Services) -> None:
-    children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
+
+def count_request(route: str, method: str, status: int, size: int | None) -> None:
+    """Count one answered request (Flask's hook and the fast path both call this)."""
+    key = (route, method, status)
+    pair = _children.get(key)
+    if pair is None:  # labels() is a locked dict look-up; keep the children at hand
+        pair = (REQUESTS.labels(route, method, str(status)), BYTES.labels(route))
+        _children[key] = pair
+    pair[0].inc()
+    if size:
+        pair[1].inc(size)
+
+
+def init_app(app: Flask, svc: Services) -> None:
     @app.after_request
     def _count(resp: Response) -> Response:
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        key = (route, request.method, resp.status_code)
-        pair = children.get(key)
-        if pair is None:  # labels() is a locked dict look-up; keep the children at hand
-            pair = (REQUESTS.labels(route, request.method, str(resp.status_code)),
-                    BYTES.labels(route))
-            children[key] = pair
-        pair[0].inc()
-        if resp.content_length:
-            pair[1].inc(resp.content_length)
+        count_request(route, request.method, resp.status_code, resp.content_length)
         return resp
 
     live = _LiveCollector(svc)

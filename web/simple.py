@@ -216,7 +216,7 @@ def project(variant_key: str, name: str) -> BaseResponse:
         return redirect(url_for("simple.project", variant_key=variant_key, name=normalized), 301)
     files = svc.catalog.files(variant, normalized)
     if svc.config.build_on_miss:
-        _build_on_miss(variant, normalized)
+        _build_on_miss(variant, normalized, files)
     if files:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
     else:
@@ -224,11 +224,13 @@ def project(variant_key: str, name: str) -> BaseResponse:
     return _respond(_store(generation, key, page))
 
 
-def _build_on_miss(variant: Variant, project: NormalizedName) -> None:
+def _build_on_miss(variant: Variant, project: NormalizedName,
+                   files: list[Record] | None = None) -> None:
     """Checked on every request (the fast path stands aside while the policy is on)."""
     svc = services()
-    onmiss.maybe_build(svc, variant, project, svc.catalog.files(variant, project),
-                       request.headers.get("User-Agent", ""))
+    if files is None:
+        files = svc.catalog.files(variant, project)
+    onmiss.maybe_build(svc, variant, project, files, request.headers.get("User-Agent", ""))
 
 
 def _not_hosted(variant: Variant, project: NormalizedName) -> str:

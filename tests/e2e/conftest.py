@@ -68,6 +68,12 @@ def _upstream_handler(sdist: Path) -> type[BaseHTTPRequestHandler]:
 
 
 @pytest.fixture
+def cudaext_sdist(tmp_path: Path) -> Path:
+    """The fixture CUDA extension as an sdist, as a worker would get it."""
+    return make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
+
+
+@pytest.fixture
 def cudaext_upstream(tmp_path: Path) -> Iterator[str]:
     """A PEP 691 upstream index on a real HTTP server, serving the fixture extension's sdist."""
     sdist = make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")

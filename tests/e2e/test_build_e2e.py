@@ -28,7 +28,7 @@ import pytest
 import redis
 
 from tests.helpers import clean_env, config_env, make_venv, start_index
-from tests.worker.conftest import CUDAEXT, TORCH_FIND_LINKS, build_config, make_sdist, require_nvcc
+from tests.worker.conftest import CUDAEXT, TORCH_FIND_LINKS, build_config, make_sdist
 from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec, FailureKind
 from wheelhouse.config import Config
@@ -42,16 +42,6 @@ pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
 SPEC = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
                         archs=["sm80"])
-
-
-@pytest.fixture(autouse=True)
-def _nvcc() -> None:
-    require_nvcc()
-
-
-@pytest.fixture
-def cudaext_sdist(tmp_path: Path) -> Path:
-    return make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from tests.helpers import (
     start_index,
     wait_for_port,
 )
-from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS, require_nvcc
+from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS
 from wheelhouse.config import Config
 from wheelhouse.localredis import socket_path
 from wheelhouse.tokens import create_token
@@ -47,11 +47,6 @@ REQUEST = {"project": "cudaext", "version": "0.1.0", "torch": "2.14", "cuda": "1
            "python": ["3.11"], "archs": ["sm80"]}
 ROOT = "torch2.14-cu130-sm80"
 WHEEL = "cudaext-0.1.0+cu130torch2.14.sm80-cp311-cp311-linux_x86_64.whl"
-
-
-@pytest.fixture(autouse=True)
-def _nvcc() -> None:
-    require_nvcc()
 
 
 def _config(tmp_path: Path, upstream: str, **kw: Any) -> Config:

@@ -19,7 +19,7 @@ import redis
 import requests
 
 from tests.helpers import run_worker, start_index
-from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvcc
+from tests.worker.conftest import build_config
 from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
@@ -31,16 +31,6 @@ pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 SPEC = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
                         archs=["sm80"])
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
-
-
-@pytest.fixture(autouse=True)
-def _nvcc() -> None:
-    require_nvcc()
-
-
-@pytest.fixture
-def cudaext_sdist(tmp_path: Path) -> Path:
-    return make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
 
 
 def _carrying(cookie: str) -> list[psutil.Process]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from redis import Redis
 
 from tests.helpers import make_wheel
 from web import create_app
@@ -17,6 +18,12 @@ from wheelhouse.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"
+
+
+@pytest.fixture
+def conn(redis_url: str) -> Redis:
+    """A client of this test's own Redis database."""
+    return Redis.from_url(redis_url)
 
 
 @pytest.fixture

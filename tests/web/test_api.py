@@ -17,11 +17,6 @@ from wheelhouse.queue import BuildState, append_log, get_build
 
 
 @pytest.fixture
-def conn(redis_url: str) -> Redis:
-    return Redis.from_url(redis_url)
-
-
-@pytest.fixture
 def app(redis_url: str, tmp_path: Path) -> Flask:
     return make_app(redis_url, tmp_path)
 

@@ -39,11 +39,6 @@ from wheelhouse.variants import parse_variant
 
 
 @pytest.fixture
-def conn(redis_url: str) -> Redis:
-    return Redis.from_url(redis_url)
-
-
-@pytest.fixture
 def app(redis_url: str, tmp_path: Path) -> Flask:
     return make_app(redis_url, tmp_path)
 

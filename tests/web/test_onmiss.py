@@ -40,11 +40,6 @@ def test_installer_python(agent: str, expected: tuple[str, str] | None) -> None:
     assert installer_python(agent) == expected
 
 
-@pytest.fixture
-def conn(redis_url: str) -> Redis:
-    return Redis.from_url(redis_url)
-
-
 def _publish_cp312(config_storage: str, tmp_path: Path) -> None:
     variant = parse_variant(VARIANT)
     w = make_wheel(tmp_path / "w", "cudaext", f"0.1.0+{variant.local_label}",

@@ -42,11 +42,6 @@ def require_nvcc() -> None:
     pytest.skip(reason)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("nvcc") is not None:
-        require_nvcc()
-
-
 def make_sdist(src: Path, dest_dir: Path, name: str, version: str) -> Path:
     """A plain sdist (``name-version/`` plus PKG-INFO) of a source tree, without running setup.py.
 
