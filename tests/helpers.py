@@ -112,21 +112,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def config_env(config: Config) -> dict[str, str]:
     """The ``WHEELHOUSE_*`` variables that reproduce ``config`` in a subprocess."""
-    import dataclasses
-
-    from wheelhouse.config import ENV_PREFIX
-
-    env: dict[str, str] = {}
-    for f in dataclasses.fields(config):
-        if f.name == "extra":
-            continue
-        value = getattr(config, f.name)
-        if value is None:
-            continue
-        text = str(value).lower() if isinstance(value, bool) else str(value)
-        env[ENV_PREFIX + f.name.upper()] = text
-    env.update(config.extra)
-    return env
+    return config.to_env()
 
 
 class IndexURL(str):

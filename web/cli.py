@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,12 +17,22 @@ import click
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
-from wheelhouse.config import Config
+from wheelhouse.cli import pass_config, storage_option
+from wheelhouse.config import ENV_PREFIX, Config
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
-    def __init__(self, app: Flask, options: dict[str, Any]) -> None:
-        self.application = app
+    """gunicorn serving the index built from ``config``, with ``options`` as its settings.
+
+    The app is built here, in the master before it forks, so that every worker starts with the
+    catalog loaded, and a configuration or storage error stops ``serve`` with one line before
+    gunicorn starts.
+    """
+
+    def __init__(self, config: Config, options: dict[str, Any]) -> None:
+        from web import create_app
+
+        self.application = create_app(config)
         self.options = options
         super().__init__()
 
@@ -37,45 +46,60 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--workers", default=2, show_default=True, type=int, help="gunicorn processes.")
-@click.option("--threads", default=4, show_default=True, type=int, help="Threads per process.")
-@click.option("--access-log/--no-access-log", default=True, show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
+              help="gunicorn worker processes.")
+@click.option("--threads", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Threads per worker process.")
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="Log every request to stdout, one line each (gunicorn's access log).")
 @click.option("--with-worker", is_flag=True,
               help="Single-box mode: also run a build worker (and a private Redis on a unix "
                    "socket in the workspace when WHEELHOUSE_REDIS_URL is unset).")
-def serve(host: str, port: int, workers: int, threads: int, access_log: bool,
+@pass_config
+@storage_option
+def serve(config: Config, host: str, port: int, workers: int, threads: int, access_log: bool,
           with_worker: bool) -> None:
     """Serve the index (and web pages) from the configured storage."""
     with contextlib.ExitStack() as stack:
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            # Must be set before prometheus_client is imported, in every gunicorn worker.
+            # prometheus_client's own setting, not ours: it picks its multiprocess mode from
+            # this variable when first imported (by create_app, in the gunicorn master), and
+            # every gunicorn worker inherits it by fork. Only the environment can carry it.
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="wheelhouse-metrics-"))
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tmp
         if with_worker:
-            _start_single_box(stack)
-        _serve(host, port, workers, threads, access_log)
+            config = _start_single_box(stack, config)
+        _serve(config, host, port, workers, threads, access_log)
 
 
-def _start_single_box(stack: contextlib.ExitStack) -> None:
+def _start_single_box(stack: contextlib.ExitStack, config: Config) -> Config:
     """A private Redis if needed, and ``wheelhouse worker`` beside the index; both are stopped
-    when the server exits (the ExitStack unwinds on gunicorn's SystemExit too)."""
+    when the server exits (the ExitStack unwinds on gunicorn's SystemExit too). Returns the
+    config the index and the worker share (with the private Redis's URL)."""
     from wheelhouse.localredis import private_redis
 
-    config = Config.from_env()
     if not config.redis_url:
         url = stack.enter_context(private_redis(Path(config.workspace)))
-        os.environ["WHEELHOUSE_REDIS_URL"] = url
+        config = config.replace(redis_url=url)
         click.echo(f"wheelhouse: private Redis on {url}; create a token with\n"
                    f"  WHEELHOUSE_REDIS_URL={url} wheelhouse token create NAME", err=True)
-    stack.enter_context(_worker_process())
+    stack.enter_context(_worker_process(config))
+    return config
 
 
 @contextlib.contextmanager
-def _worker_process() -> Iterator[None]:
-    """``wheelhouse worker`` in its own session; asked to stop warmly, then coldly."""
-    exe = shutil.which("wheelhouse") or sys.argv[0]
-    proc = subprocess.Popen([exe, "worker"], start_new_session=True)
+def _worker_process(config: Config) -> Iterator[None]:
+    """``wheelhouse worker`` in its own session; asked to stop warmly, then coldly.
+
+    It runs on this interpreter (whatever ``PATH`` holds), configured by ``config`` through
+    its own environment: the ``WHEELHOUSE_*`` variables of this process are replaced.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env.update(config.to_env())
+    proc = subprocess.Popen([sys.executable, "-m", "wheelhouse", "worker"], env=env,
+                            start_new_session=True)
     try:
         yield
     finally:
@@ -108,11 +132,8 @@ def _child_exit(_server: Any, worker: Any) -> None:
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
 
 
-def _serve(host: str, port: int, workers: int, threads: int, access_log: bool) -> None:
-    from web import create_app
-
-    config = Config.from_env()
-    app = create_app(config)
+def _serve(config: Config, host: str, port: int, workers: int, threads: int,
+           access_log: bool) -> None:
     options: dict[str, Any] = {
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": workers,
@@ -126,5 +147,6 @@ def _serve(host: str, port: int, workers: int, threads: int, access_log: bool) -
         "control_socket_disable": True,
         "child_exit": _child_exit,
     }
+    server = _Gunicorn(config, options)
     click.echo(f"wheelhouse: serving {config.storage} on http://{host}:{port}/", err=True)
-    _Gunicorn(app, options).run()
+    server.run()

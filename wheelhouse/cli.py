@@ -1,59 +1,100 @@
-"""The ``wheelhouse`` command.
+"""The ``wheelhouse`` command: a click group whose subcommands register themselves.
 
-Subcommands that need Flask or the RQ worker live beside those packages and are imported only
-when invoked, so the core never imports them at module level.
+Every subcommand is an entry point of the ``wheelhouse.commands`` group (``pyproject.toml``):
+the core's own (``publish``, ``gc``, ``token``, ``request``) and those of ``web`` and
+``worker``, which the core never imports; each is imported only when it runs, and one whose
+package is not installed is not listed. The group reads the configuration once and hands it
+down on the click context (``ctx.obj``): commands take it with :data:`pass_config`.
 """
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
 
-# name -> "module:attribute" of a click command, loaded on first use.
-_LAZY: dict[str, str] = {
-    "serve": "web.cli:serve",
-    "worker": "worker.cli:worker_command",
-    "build": "worker.cli:build_command",
-    "workers": "worker.cli:workers_command",
-    "token": "wheelhouse.cli_tokens:token",
-    "request": "wheelhouse.cli_tokens:request_command",
-}
+#: The entry-point group that subcommands of ``wheelhouse`` are declared in.
+COMMANDS_GROUP = "wheelhouse.commands"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Passes the command's :class:`Config` (the group's, with this command's overrides) as the
+#: first argument.
+pass_config = click.make_pass_decorator(Config)
 
 
-class _LazyGroup(click.Group):
+def _override_storage(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is None:
+        return
+    config = ctx.find_object(Config)
+    if config is None:
+        raise RuntimeError("--storage works on commands of the wheelhouse group only")
+    # The command's own context gets the changed Config; the group's stays as it was.
+    ctx.obj = config.replace(storage=value)
+
+
+def storage_option(command: _F) -> _F:
+    """``--storage DIR|s3://BUCKET/PREFIX`` for a command that opens storage.
+
+    It overrides ``WHEELHOUSE_STORAGE`` in the Config that :data:`pass_config` passes.
+    """
+    option = click.option(
+        "--storage", metavar="DIR|s3://BUCKET/PREFIX", default=None, expose_value=False,
+        callback=_override_storage,
+        help="Where wheels live: a directory, or s3://bucket/prefix "
+             "(overrides WHEELHOUSE_STORAGE).")
+    return option(command)
+
+
+def _installed(entry: EntryPoint) -> bool:
+    """Whether the package the command lives in is importable here, without importing it."""
+    return importlib.util.find_spec(entry.module.partition(".")[0]) is not None
+
+
+class _EntryPointGroup(click.Group):
+    """Subcommands from the ``wheelhouse.commands`` entry points, imported on first use."""
+
+    def _entries(self) -> dict[str, EntryPoint]:
+        return {e.name: e for e in entry_points(group=COMMANDS_GROUP) if _installed(e)}
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *_LAZY])
+        return sorted({*super().list_commands(ctx), *self._entries()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in _LAZY:
-            module, attr = _LAZY[cmd_name].split(":")
-            try:
-                return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
-            except ModuleNotFoundError as exc:
-                if exc.name is not None and module.startswith(exc.name):
-                    return None  # that part of wheelhouse is not installed here
-                raise
-        return super().get_command(ctx, cmd_name)
+        command = super().get_command(ctx, cmd_name)
+        entry = self._entries().get(cmd_name)
+        if command is not None or entry is None:
+            return command
+        loaded = entry.load()
+        if not isinstance(loaded, click.Command):
+            raise TypeError(f"entry point {entry.value} of {COMMANDS_GROUP} is not a command")
+        return loaded
 
 
-@click.group(cls=_LazyGroup)
+@click.group(cls=_EntryPointGroup)
 @click.version_option(package_name="wheelhouse")
-def main() -> None:
-    """wheelhouse: a self-hosted cache of prebuilt CUDA-extension wheels."""
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """wheelhouse: a self-hosted cache of prebuilt CUDA-extension wheels.
+
+    Settings come from WHEELHOUSE_* environment variables (the README lists them); a
+    command's options override them.
+    """
+    try:
+        ctx.obj = Config.from_env()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
-def load_config(**overrides: Any) -> Config:
-    return Config.from_env(**{k: v for k, v in overrides.items() if v is not None})
-
-
-@main.command()
+@click.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False,
                                                                   path_type=Path))
 @click.option("--variant", "variant_key", required=True, help="Variant key, e.g. torch2.8-cu128.")
@@ -61,9 +102,10 @@ def load_config(**overrides: Any) -> Config:
               help="Rewrite each wheel into the variant's local version (METADATA and RECORD too).")
 @click.option("--arch", "archs", multiple=True,
               help="GPU architecture the wheel holds (repeatable), where known.")
-def publish(
-    files: tuple[Path, ...], variant_key: str, relabel: bool, archs: tuple[str, ...]
-) -> None:
+@pass_config
+@storage_option
+def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: bool,
+            archs: tuple[str, ...]) -> None:
     """Publish existing wheels into a variant's index."""
     from wheelhouse.publish import publish as do_publish
     from wheelhouse.storage import open_storage
@@ -72,7 +114,7 @@ def publish(
     try:
         variant = parse_variant(variant_key)
         normalized = tuple(normalize_arch(a) for a in archs) or None
-        storage = open_storage(load_config())
+        storage = open_storage(config)
         for path in files:
             rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized)
             click.echo(f"published {rec.filename} to {variant.key} (sha256 {rec.sha256})")
@@ -80,18 +122,20 @@ def publish(
         raise click.ClickException(str(exc)) from None
 
 
-@main.command()
+@click.command()
 @click.option("--older-than", default=24.0, show_default=True, type=float,
               help="Hours before an unpublished leftover counts as abandoned.")
 @click.option("--keep-versions", type=click.IntRange(min=1),
               help="Also prune all but the newest N versions per variant and project.")
 @click.option("--apply", "do_apply", is_flag=True, help="Delete; without it, only print.")
-def gc(older_than: float, keep_versions: int | None, do_apply: bool) -> None:
+@pass_config
+@storage_option
+def gc(config: Config, older_than: float, keep_versions: int | None, do_apply: bool) -> None:
     """Remove unpublished leftovers (and old versions by policy). Dry-runs unless --apply."""
     from wheelhouse import gc as collector
     from wheelhouse.storage import open_storage
 
-    storage = open_storage(load_config())
+    storage = open_storage(config)
     doomed = collector.plan(storage, leftover_age=older_than * 3600, keep_versions=keep_versions)
     for d in doomed:
         click.echo(f"{'delete' if do_apply else 'would delete'} {d.key} ({d.size} bytes): {d.why}")

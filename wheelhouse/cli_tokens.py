@@ -7,7 +7,6 @@ running server's JSON API with a token, the way any client would.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -16,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 import click
 from packaging.requirements import InvalidRequirement, Requirement
 
+from wheelhouse.cli import pass_config
 from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
+from wheelhouse.queue import BuildState
 from wheelhouse.tokens import DEFAULT_SCOPES, SCOPES, create_token, list_tokens, revoke_token
 
 if TYPE_CHECKING:
@@ -25,12 +26,15 @@ if TYPE_CHECKING:
 
 TOKEN_ENV = "WHEELHOUSE_TOKEN"  # noqa: S105 (a variable name)
 SERVER_ENV = "WHEELHOUSE_SERVER"
+POLL_ENV = "WHEELHOUSE_POLL_SECONDS"
+
+#: States of a build that will not bring a wheel unless it is run again.
+_ENDED_WITHOUT_WHEEL = (BuildState.FAILED.value, BuildState.CANCELLED.value)
 
 
-def _redis() -> Redis:
+def _redis(config: Config) -> Redis:
     from redis import Redis
 
-    config = Config.from_env()
     if not config.redis_url:
         raise click.ClickException("tokens live in Redis: set WHEELHOUSE_REDIS_URL")
     return Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=5)
@@ -46,10 +50,11 @@ def token() -> None:
 @click.option("--scope", "scopes", multiple=True, type=click.Choice(SCOPES),
               help=f"What the token may do (repeatable); default: {', '.join(DEFAULT_SCOPES)}.")
 @click.option("--replace", is_flag=True, help="Revoke an existing token of this name first.")
-def token_create(name: str, scopes: tuple[str, ...], replace: bool) -> None:
+@pass_config
+def token_create(config: Config, name: str, scopes: tuple[str, ...], replace: bool) -> None:
     """Create a token called NAME and print it, once: it is stored only as a hash."""
     try:
-        value = create_token(_redis(), name, scopes or DEFAULT_SCOPES, replace=replace)
+        value = create_token(_redis(config), name, scopes or DEFAULT_SCOPES, replace=replace)
     except WheelhouseError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(value)
@@ -59,10 +64,11 @@ def token_create(name: str, scopes: tuple[str, ...], replace: bool) -> None:
 
 @token.command("revoke")
 @click.argument("name")
-def token_revoke(name: str) -> None:
+@pass_config
+def token_revoke(config: Config, name: str) -> None:
     """Revoke the token called NAME; sessions signed in with it end too."""
     try:
-        found = revoke_token(_redis(), name)
+        found = revoke_token(_redis(config), name)
     except WheelhouseError as exc:
         raise click.ClickException(str(exc)) from None
     if not found:
@@ -71,9 +77,10 @@ def token_revoke(name: str) -> None:
 
 
 @token.command("list")
-def token_list() -> None:
+@pass_config
+def token_list(config: Config) -> None:
     """List token names and scopes (never the tokens)."""
-    for info in list_tokens(_redis()):
+    for info in list_tokens(_redis(config)):
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(info.created_at))
         click.echo(f"{info.name}\t{','.join(info.scopes)}\tcreated {created} UTC")
 
@@ -108,15 +115,27 @@ def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,
 @click.option("--arch", "archs", multiple=True, help="GPU architecture (repeatable), e.g. sm90.")
 @click.option("--machine", default="x86_64", show_default=True, help="CPU architecture.")
 @click.option("--server", envvar=SERVER_ENV, default="http://127.0.0.1:8000", show_default=True,
-              help=f"The wheelhouse server (or ${SERVER_ENV}).")
-@click.option("--token", "api_token", envvar=TOKEN_ENV, required=True,
-              help=f"API token with the build scope (better: ${TOKEN_ENV}).")
-@click.option("--rerun-failed", is_flag=True, help="Run a failed build of the same spec again.")
+              help=f"The wheelhouse server; default: ${SERVER_ENV} if set.")
+@click.option("--token", "api_token", envvar=TOKEN_ENV, default=None,
+              help=f"API token with the build scope; default: ${TOKEN_ENV}, which keeps the "
+                   "token out of the process list and shell history.")
+@click.option("--retry", "--rerun-failed", "retry", is_flag=True,
+              help="Run again the builds of this request that failed or were cancelled.")
 @click.option("--wait", is_flag=True, help="Wait for the builds to end; exit 1 if any failed.")
+@click.option("--poll-seconds", envvar=POLL_ENV, default=5.0, show_default=True,
+              type=click.FloatRange(min=0, min_open=True),
+              help=f"With --wait: seconds between status checks (or ${POLL_ENV}).")
 def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str, ...],
-                    archs: tuple[str, ...], machine: str, server: str, api_token: str,
-                    rerun_failed: bool, wait: bool) -> None:
-    """Ask a wheelhouse server to build REQUIREMENT (``flash-attn==2.8.3``)."""
+                    archs: tuple[str, ...], machine: str, server: str, api_token: str | None,
+                    retry: bool, wait: bool, poll_seconds: float) -> None:
+    """Ask a wheelhouse server to build REQUIREMENT (``flash-attn==2.8.3``).
+
+    Prints one line per Python version: the build id, its state and its page. A build that
+    already failed is not run again unless --retry is given: its reason is printed and the
+    command exits 1.
+    """
+    if not api_token:
+        raise click.UsageError(f"no API token: set {TOKEN_ENV} (or pass --token)")
     try:
         req = Requirement(requirement)
     except InvalidRequirement as exc:
@@ -126,24 +145,44 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
         raise click.ClickException("pin exactly one version: PROJECT==VERSION")
     body: dict[str, Any] = {"project": req.name, "version": pins[0], "torch": torch, "cuda": cuda,
                             "python": list(pythons), "archs": list(archs), "machine": machine,
-                            "rerun_failed": rerun_failed}
+                            "rerun_failed": retry}
     status, payload = _call("POST", server.rstrip("/") + "/api/builds", api_token, body)
     if status >= 400:
         raise click.ClickException(f"{status}: {payload.get('error', payload)}")
     builds = payload.get("builds", [])
+    ended = {b["id"] for b in builds if b.get("state") in _ENDED_WITHOUT_WHEEL}
     for b in builds:
-        what = ("already built: " + b["wheel"]) if b.get("wheel") else (
-            ("created" if b.get("created") else "exists") + f", {b.get('state')}")
+        if b["id"] in ended:
+            what = f"{b.get('state')} earlier: {_failure(b, api_token)}"
+        elif b.get("wheel"):
+            what = "already built: " + b["wheel"]
+        else:
+            what = ("created" if b.get("created") else "exists") + f", {b.get('state')}"
         click.echo(f"{b.get('id')}\tPython {b.get('python')}\t{what}\t{b.get('url')}")
     if wait:
-        _wait(builds, api_token)
+        _wait([b for b in builds if b["id"] not in ended], api_token, poll_seconds)
+    if ended:
+        pages = "its page says" if len(ended) == 1 else "their pages say"
+        raise click.ClickException(
+            f"{len(ended)} of these builds ended without a wheel ({pages} more); "
+            "run again with --retry to build again")
 
 
-def _wait(builds: list[dict[str, Any]], api_token: str) -> None:
+def _failure(build: dict[str, Any], api_token: str) -> str:
+    """``[kind] reason`` of a build that ended without a wheel, from the server's API."""
+    status, view = _call("GET", build["api"], api_token)
+    if status >= 400:
+        return f"(its reason could not be read: {status} {view.get('error', '')})".strip()
+    kind = view.get("failure_kind")
+    reason = view.get("reason") or "no reason was recorded"
+    return f"[{kind}] {reason}" if kind else str(reason)
+
+
+def _wait(builds: list[dict[str, Any]], api_token: str, poll_seconds: float) -> None:
     pending = {b["id"]: b["api"] for b in builds if not b.get("wheel")}
     failed = False
     while pending:
-        time.sleep(float(os.environ.get("WHEELHOUSE_POLL_SECONDS", "5")))
+        time.sleep(poll_seconds)
         for job_id, url in list(pending.items()):
             status, view = _call("GET", url, api_token)
             if status >= 400 or not view.get("finished"):

@@ -123,6 +123,25 @@ class Config:
     def replace(self, **changes: Any) -> Config:
         return dataclasses.replace(self, **changes)
 
+    def to_env(self) -> dict[str, str]:
+        """The ``WHEELHOUSE_*`` variables from which :meth:`from_env` rebuilds this config.
+
+        For a child process (the single-box worker, tests): pass them as its environment
+        rather than writing them into this process's ``os.environ``. Unset (``None``)
+        settings are left out, so that the child sees their defaults.
+        """
+        env: dict[str, str] = {}
+        for f in fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            env[ENV_PREFIX + f.name.upper()] = text
+        env.update(self.extra)
+        return env
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

@@ -161,3 +161,22 @@ def test_every_setting_is_documented() -> None:
         field = variable.removeprefix(ENV_PREFIX).lower()
         value = getattr(Config(), field)
         assert default == ("" if value is None else str(value))
+
+
+@pytest.mark.parametrize("config", [
+    Config(),
+    Config(storage="s3://bucket/p", s3_endpoint_url="http://127.0.0.1:9000", redis_url=None,
+           catalog_refresh_seconds=0.25, build_reserve_gib=1.5, log_json=True,
+           build_on_miss=True, page_max_age=0, secret_key="s", auth="basic:u:p",
+           extra={"WHEELHOUSE_NOT_A_SETTING": "x"}),
+])
+def test_to_env_round_trips(config: Config) -> None:
+    env = config.to_env()
+    assert all(k.startswith(ENV_PREFIX) and isinstance(v, str) for k, v in env.items())
+    assert Config.from_env(env) == config
+
+
+def test_to_env_leaves_unset_settings_out() -> None:
+    env = Config(redis_url=None, log_json=False).to_env()
+    assert "WHEELHOUSE_REDIS_URL" not in env
+    assert env["WHEELHOUSE_LOG_JSON"] == "false"
