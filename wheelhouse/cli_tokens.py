@@ -128,7 +128,7 @@ def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,
 def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str, ...],
                     archs: tuple[str, ...], machine: str, server: str, api_token: str | None,
                     retry: bool, wait: bool, poll_seconds: float) -> None:
-    """Ask a wheelhouse server to build REQUIREMENT (``flash-attn==2.8.3``).
+    """Ask a wheelhouse server to build REQUIREMENT (e.g. flash-attn==2.8.3).
 
     Prints one line per Python version: the build id, its state and its page. A build that
     already failed is not run again unless --retry is given: its reason is printed and the

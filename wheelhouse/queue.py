@@ -148,7 +148,7 @@ def enqueue_build(
             job_timeout=timeout + RQ_TIMEOUT_MARGIN, result_ttl=KEEP_SECONDS,
             failure_ttl=KEEP_SECONDS,
             # One retry, for a job abandoned by a worker that died; the worker refuses the retry
-            # for failures that another attempt can't fix (see worker.cli.BuildWorker).
+            # for failures that another attempt can't fix (see worker.lifecycle.BuildWorker).
             retry=Retry(max=1),
             meta={"spec": spec.to_dict(), "phase": "queued"},
         )

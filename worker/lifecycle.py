@@ -1,0 +1,232 @@
+"""A build worker's life cycle: start-up sweep, heartbeat, abandoned jobs, and RQ's work loop.
+
+``wheelhouse worker`` (``worker.cli``) discovers what the host can build and calls
+:func:`run_worker`; everything from then until the worker exits lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wheelhouse.buildspec import FailureKind
+from wheelhouse.config import Config
+from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
+
+if TYPE_CHECKING:
+    from redis import Redis
+    from rq.job import Job
+    from rq.queue import Queue
+
+    from worker.capabilities import Capabilities
+
+log = logging.getLogger("wheelhouse.worker")
+
+
+def _build_worker_class() -> type[Any]:
+    from rq import Worker
+
+    class BuildWorker(Worker):
+        """An RQ worker that doesn't retry failures another attempt can't fix.
+
+        Jobs are enqueued with one retry, for a job abandoned by a worker that died; a compile
+        error, a timeout or an incompatible combination fails for good on the first attempt.
+        """
+
+        def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
+                               exc_string: str = "") -> None:
+            from redis.exceptions import RedisError
+            from rq.exceptions import NoSuchJobError
+
+            try:
+                failure = job.get_meta(refresh=True).get("failure") or {}
+            except (NoSuchJobError, RedisError):  # keep RQ's own behaviour then
+                failure = {}
+            kind = failure.get("kind")
+            if kind is not None and kind != FailureKind.INFRASTRUCTURE.value:
+                job.retries_left = 0
+            super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
+                                       exc_string=exc_string)
+
+    return BuildWorker
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _live_names(conn: Redis) -> set[str]:
+    """Workers that are alive: a current advert, and on this host a running process."""
+    host = socket.gethostname()
+    names = set()
+    for ad in live_workers(conn):
+        pid = ad.extra.get("pid")
+        if ad.hostname == host and isinstance(pid, int) and not _pid_alive(pid):
+            continue
+        names.add(ad.name)
+    return names
+
+
+def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str) -> list[str]:
+    """Hand the jobs of dead workers to RQ's own abandoned-job path now.
+
+    RQ notices an abandoned job only when its heartbeat entry expires and a maintenance pass
+    runs (minutes later). A worker that is gone (no advert, or its process is dead on this
+    host) is known sooner: its started jobs are marked expired and RQ's cleanup then retries
+    each once (``Retry(max=1)``) or fails it.
+    """
+    from rq.job import Job
+    from rq.registry import StartedJobRegistry
+
+    live = _live_names(conn) | {me}
+    abandoned: list[str] = []
+    for name in queues:
+        registry = StartedJobRegistry(name, connection=conn)
+        expired = {}
+        for member in conn.zrange(registry.key, 0, -1):
+            entry = member.decode() if isinstance(member, bytes) else str(member)
+            job_id = registry.parse_job_id(entry)
+            job = Job.fetch(job_id, connection=conn) if Job.exists(job_id, conn) else None
+            if job is not None and job.worker_name and job.worker_name not in live:
+                expired[entry] = 0
+                abandoned.append(job_id)
+        if expired:
+            conn.zadd(registry.key, expired)
+            registry.cleanup()
+    return abandoned
+
+
+def live_builds_on_host(conn: Redis, *, exclude: str) -> set[str]:
+    """Job ids that other live workers on this host are running (never swept)."""
+    host = socket.gethostname()
+    live = set()
+    for ad in live_workers(conn):
+        if ad.name == exclude or ad.hostname != host or not ad.current_job:
+            continue
+        pid = ad.extra.get("pid")
+        if isinstance(pid, int) and not _pid_alive(pid):
+            continue  # its advert hasn't expired yet, but the worker is gone
+        live.add(ad.current_job)
+    return live
+
+
+def sweep_stale(conn: Redis, config: Config, *, name: str) -> str:
+    """Kill orphans of dead builds on this host and remove their workspaces; say what was done."""
+    from worker.reaper import sweep_orphans
+
+    prefix = build_id_prefix(conn)
+    live = {prefix + job_id for job_id in live_builds_on_host(conn, exclude=name)}
+    report = sweep_orphans(live, id_prefix=prefix)
+    removed = 0
+    workspace = Path(config.workspace)
+    if workspace.is_dir():
+        for entry in workspace.iterdir():
+            build_id = entry.name.rsplit("-", 1)[0]
+            if entry.is_dir() and entry.name.startswith(prefix) and build_id not in live:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed += 1
+    return (f"swept {report.processes} orphaned process(es) "
+            f"({', '.join(report.signals) or 'no signals'}), removed {removed} stale workspace(s)")
+
+
+class _Heartbeat(threading.Thread):
+    def __init__(self, conn: Redis, ad: WorkerAd, interval: float,
+                 current_job: Callable[[], str | None]) -> None:
+        super().__init__(name="wheelhouse-heartbeat", daemon=True)
+        self.conn = conn
+        self.ad = ad
+        self.interval = interval
+        self.current_job = current_job
+        self.stopped = threading.Event()
+
+    def beat(self) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            job_id = self.current_job()
+        except RedisError:  # the advert must keep flowing regardless
+            job_id = None
+        try:
+            advertise(self.conn, replace(self.ad, current_job=job_id), ttl=self.interval * 4)
+        except RedisError as exc:
+            log.warning("heartbeat failed: %s", exc)
+
+    def run(self) -> None:
+        from redis.exceptions import RedisError
+
+        while not self.stopped.wait(self.interval):
+            self.beat()
+            try:
+                for job_id in requeue_abandoned(self.conn, self.ad.queues, me=self.ad.name):
+                    log.warning("job %s was abandoned by a dead worker; handed to RQ to retry",
+                                job_id)
+            except RedisError as exc:
+                log.warning("abandoned-job check failed: %s", exc)
+
+
+def select_queues(caps: Capabilities, only_cuda: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The build queues this host serves, narrowed to the CUDA versions in ``only_cuda``."""
+    from wheelhouse.buildspec import queue_name
+    from wheelhouse.variants import normalize_cuda
+
+    queues = caps.queues
+    if only_cuda:
+        wanted = {queue_name(normalize_cuda(c), caps.machine) for c in only_cuda}
+        queues = tuple(q for q in queues if q in wanted)
+    return queues
+
+
+def default_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
+               name: str | None = None, burst: bool = False,
+               say: Callable[[str], None] = log.info) -> None:
+    """Serve ``queues`` until stopped (or, with ``burst``, until they are empty).
+
+    First sweep what dead builds of this host left, then advertise ``caps`` every
+    ``config.worker_heartbeat_seconds`` and hand dead workers' jobs to RQ's retry while
+    RQ's work loop runs; withdraw the advert on the way out. ``say`` gets one line for each
+    thing an operator should see.
+    """
+    import redis
+
+    from worker.reaper import become_subreaper
+
+    if not config.redis_url:
+        raise ValueError("a worker needs Redis: the configuration has no redis_url")
+    name = name or default_name()
+    conn = redis.Redis.from_url(config.redis_url)
+    # Orphans of a build re-parent to this process, not to init, so that they can be reaped.
+    become_subreaper()
+    say(sweep_stale(conn, config, name=name))
+    say(f"listening on {', '.join(queues)}")
+    ad = replace(caps.advert(name, started_at=time.time()), queues=queues,
+                 extra={"pid": os.getpid()})
+    rq_worker = _build_worker_class()(list(queues), connection=conn, name=name)
+    heartbeat = _Heartbeat(conn, ad, float(config.worker_heartbeat_seconds),
+                           rq_worker.get_current_job_id)
+    heartbeat.beat()
+    for job_id in requeue_abandoned(conn, queues, me=name):
+        say(f"job {job_id} was abandoned by a dead worker; handed to RQ to retry")
+    heartbeat.start()
+    try:
+        rq_worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
+    finally:
+        heartbeat.stopped.set()
+        withdraw(conn, name)
