@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,6 +115,42 @@ def config_env(config: Config) -> dict[str, str]:
     return config.to_env()
 
 
+#: What a systemd unit or a container gives a command: no virtual environment on PATH.
+MINIMAL_PATH = "/usr/bin:/bin"
+
+
+def console_script() -> Path:
+    """The installed ``wheelhouse`` console script of the interpreter that runs the tests."""
+    script = Path(sys.executable).parent / "wheelhouse"
+    assert script.exists(), f"{script} is missing: install the project (pip install -e .)"
+    return script
+
+
+def run_console(*args: str, config: Config | None = None, env: dict[str, str] | None = None,
+                cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the installed console script by its path, as a unit file would: ``PATH`` is
+    :data:`MINIMAL_PATH`, the settings are ``config``'s (none: the defaults) and ``env``."""
+    environ = {"PATH": MINIMAL_PATH, "HOME": os.environ.get("HOME", "/")}
+    if config is not None:
+        environ.update(config.to_env())
+    environ.update(env or {})
+    return subprocess.run([str(console_script()), *args], env=environ, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def fake_cuda_toolkit(root: Path, release: str = "12.8") -> Path:
+    """A CUDA toolkit's layout with an nvcc that only answers ``--version``: it lets a worker
+    *advertise* that release (``CUDA_HOME``); nothing compiles with it."""
+    (root / "bin").mkdir(parents=True)
+    (root / "targets" / "x86_64-linux" / "include").mkdir(parents=True)
+    (root / "targets" / "x86_64-linux" / "include" / "cuda_runtime.h").write_text("")
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    f"echo 'Cuda compilation tools, release {release}, V{release}.93'\n")
+    nvcc.chmod(0o755)
+    return root
+
+
 class IndexURL(str):
     """The base URL of a running index; ``.log`` is the file its access log goes to."""
 
@@ -127,8 +163,10 @@ class IndexURL(str):
 
 @contextlib.contextmanager
 def start_index(config: Config, tmp_path: Path, *, workers: int = 2,
-                extra_env: dict[str, str] | None = None) -> Iterator[IndexURL]:
-    """Run ``wheelhouse serve`` (gunicorn) on a free loopback port in its own process group."""
+                extra_env: dict[str, str] | None = None,
+                args: Sequence[str] = ()) -> Iterator[IndexURL]:
+    """Run ``wheelhouse serve`` (gunicorn) on a free loopback port in its own process group;
+    ``args`` are more options of ``serve``."""
     port = free_port()
     log = tmp_path / f"index-{port}.log"
     env = dict(os.environ)
@@ -139,7 +177,7 @@ def start_index(config: Config, tmp_path: Path, *, workers: int = 2,
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [wheelhouse, "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(workers)],
+             "--workers", str(workers), *args],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
     url = IndexURL(f"http://127.0.0.1:{port}")

@@ -30,6 +30,7 @@ import requests
 from tests.helpers import (
     clean_env,
     config_env,
+    fake_cuda_toolkit,
     free_port,
     make_venv,
     run_worker,
@@ -148,19 +149,6 @@ def test_single_box(tmp_path: Path, cudaext_upstream: str) -> None:
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _fake_cuda_128(root: Path) -> Path:
-    """A second toolkit the machine doesn't have: CUDA 12.8's layout with an nvcc that answers
-    ``--version`` as 12.8 does. It only lets a worker *advertise* 12.8; nothing compiles with it."""
-    (root / "bin").mkdir(parents=True)
-    (root / "targets" / "x86_64-linux" / "include").mkdir(parents=True)
-    (root / "targets" / "x86_64-linux" / "include" / "cuda_runtime.h").write_text("")
-    nvcc = root / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
-                    "echo 'Cuda compilation tools, release 12.8, V12.8.93'\n")
-    nvcc.chmod(0o755)
-    return root
-
-
 def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
                s3_config: Config) -> None:
     config = _config(tmp_path, cudaext_upstream, redis_url=redis_url,
@@ -168,7 +156,7 @@ def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
     conn = redis.Redis.from_url(redis_url)
     token = create_token(conn, "fleet")
     headers = {"Authorization": f"Bearer {token}"}
-    other = {"CUDA_HOME": str(_fake_cuda_128(tmp_path / "cuda-12.8"))}
+    other = {"CUDA_HOME": str(fake_cuda_toolkit(tmp_path / "cuda-12.8", "12.8"))}
     with start_index(config, tmp_path, workers=4) as url, \
             run_worker(config, "gpu-a", tmp_path / "a.log", "--cuda", "13.0"), \
             run_worker(config, "gpu-b", tmp_path / "b.log", "--cuda", "12.8", extra_env=other):
