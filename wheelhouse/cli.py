@@ -9,6 +9,7 @@ down on the click context (``ctx.obj``): commands take it with :data:`pass_confi
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -62,15 +63,16 @@ def _installed(entry: EntryPoint) -> bool:
 class _EntryPointGroup(click.Group):
     """Subcommands from the ``wheelhouse.commands`` entry points, imported on first use."""
 
+    @functools.cached_property
     def _entries(self) -> dict[str, EntryPoint]:
         return {e.name: e for e in entry_points(group=COMMANDS_GROUP) if _installed(e)}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*super().list_commands(ctx), *self._entries()})
+        return sorted({*super().list_commands(ctx), *self._entries})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
-        entry = self._entries().get(cmd_name)
+        entry = self._entries.get(cmd_name)
         if command is not None or entry is None:
             return command
         loaded = entry.load()
