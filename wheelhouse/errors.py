@@ -39,6 +39,10 @@ class StorageError(WheelhouseError, OSError):
     """Storage could not be reached or answered unexpectedly."""
 
 
+class UpstreamUnavailable(WheelhouseError, OSError):
+    """An upstream index could not be reached, answered an error, or sent no simple-index page."""
+
+
 class InvalidRecipe(WheelhouseError, ValueError):
     """A recipe file that does not parse or names unknown settings."""
 

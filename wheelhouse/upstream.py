@@ -1,18 +1,48 @@
-"""Upstream routing: where the index sends clients for projects it does not host.
+"""Upstream indexes: where the index sends clients for projects it does not host, and the one
+client that reads an upstream project page.
 
-Rules are ``pattern[,pattern...]=URL`` joined by ``;``. Patterns are shell-style globs on
-normalized names (``nvidia-*``). URLs are simple-index roots and may name the variant with
+Routing rules are ``pattern[,pattern...]=URL`` joined by ``;``. Patterns are shell-style globs
+on normalized names (``nvidia-*``). URLs are simple-index roots and may name the variant with
 ``{cu}`` (``cu128``), ``{cuda}`` (``12.8``) and ``{torch}`` (``2.8``).
+
+The client (:func:`fetch_project`) asks for a project page the way uv does and reads either
+answer an index may give: PEP 691 JSON or PEP 503 HTML. The worker takes sdists (with their
+hashes) from it, the request form the released versions.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
+import re
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
+from html.parser import HTMLParser
+from typing import Any
+from urllib.parse import urldefrag, urljoin, urlsplit
 
-from packaging.utils import NormalizedName, canonicalize_name
+from packaging.utils import (
+    InvalidSdistFilename,
+    InvalidWheelFilename,
+    NormalizedName,
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
 
+from wheelhouse.errors import UpstreamUnavailable
 from wheelhouse.variants import Variant
+
+#: What uv sends: PEP 691 JSON preferred, PEP 503 HTML accepted.
+ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
+          "text/html;q=0.01")
+#: The largest project page read (download.pytorch.org's torch page is a few MB).
+MAX_PAGE_BYTES = 64 * 1024**2
+SDIST_SUFFIXES = (".tar.gz", ".zip")
+_SCHEMES = ("http", "https", "file")
+_SHA256 = re.compile(r"sha256=([0-9a-f]{64})")
 
 
 @dataclass(frozen=True)
@@ -61,3 +91,170 @@ class Router:
                 root = route.url.format(cu=variant.cu, cuda=variant.cuda, torch=variant.torch)
                 break
         return f"{root.rstrip('/')}/{project}/"
+
+
+# -- the client --
+
+
+@dataclass(frozen=True)
+class ProjectFile:
+    """One file an upstream project page lists."""
+
+    filename: str
+    url: str
+    """Absolute, without the hash fragment."""
+    sha256: str | None
+    requires_python: str | None = None
+    yanked: bool = False
+
+    @property
+    def is_sdist(self) -> bool:
+        return self.filename.endswith(SDIST_SUFFIXES)
+
+    @property
+    def version(self) -> Version | None:
+        """The version in the file name (wheel or sdist), or None for other names."""
+        try:
+            if self.filename.endswith(".whl"):
+                return parse_wheel_filename(self.filename)[1]
+            if self.is_sdist:
+                return parse_sdist_filename(self.filename)[1]
+        except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
+            pass
+        return None
+
+
+@dataclass(frozen=True)
+class ProjectPage:
+    """An upstream project page: its files and released versions (newest first)."""
+
+    url: str
+    files: tuple[ProjectFile, ...]
+    versions: tuple[Version, ...]
+
+    @property
+    def sdists(self) -> list[ProjectFile]:
+        return [f for f in self.files if f.is_sdist]
+
+
+def project_url(index_url: str, project: str) -> str:
+    return f"{index_url.rstrip('/')}/{canonicalize_name(project)}/"
+
+
+def fetch_project(index_url: str, project: str, *, timeout: float = 60.0) -> ProjectPage:
+    """``project``'s page on the simple index at ``index_url``, in whichever format it answers.
+
+    A project the index does not know (404) is a page without files. Raises
+    :class:`UpstreamUnavailable` when the index cannot be reached, answers another error, or
+    sends something that is not a simple-index page.
+    """
+    url = project_url(index_url, project)
+    if urlsplit(url).scheme not in _SCHEMES:
+        raise UpstreamUnavailable(f"refusing to fetch {url[:200]!r}: not an http(s) URL")
+    request = urllib.request.Request(  # noqa: S310 (scheme checked above)
+        url, headers={"Accept": ACCEPT, "User-Agent": "wheelhouse"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
+            body = resp.read(MAX_PAGE_BYTES + 1)
+            content_type = resp.headers.get("Content-Type", "")
+            final = resp.geturl()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return ProjectPage(url, (), ())
+        raise UpstreamUnavailable(f"{url} answered HTTP {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        raise UpstreamUnavailable(f"{url}: {getattr(exc, 'reason', exc)}") from None
+    if len(body) > MAX_PAGE_BYTES:
+        raise UpstreamUnavailable(f"{url} is larger than {MAX_PAGE_BYTES // 1024**2} MiB")
+    text = body.decode("utf-8", errors="replace")
+    try:
+        if "json" in content_type:
+            files, listed = _from_json(json.loads(text), final)
+        else:
+            files, listed = _from_html(text, final), None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise UpstreamUnavailable(f"{url} is not a simple-index page: {exc}") from None
+    return ProjectPage(url, tuple(files), _versions(listed, files))
+
+
+def _from_json(data: Any, base: str) -> tuple[list[ProjectFile], list[Any] | None]:
+    """PEP 691 files; PEP 700 ``versions`` when the index gives them."""
+    files = []
+    for f in data["files"]:
+        yanked = f.get("yanked", False)
+        files.append(ProjectFile(
+            filename=str(f["filename"]),
+            url=urldefrag(urljoin(base, str(f["url"])))[0],
+            sha256=(f.get("hashes") or {}).get("sha256"),
+            requires_python=f.get("requires-python"),
+            yanked=yanked not in (False, None),
+        ))
+    listed = data.get("versions")
+    return files, listed if isinstance(listed, list) else None
+
+
+class _Anchors(HTMLParser):
+    """The anchors of a PEP 503 page: attributes and text (entities already decoded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.anchors: list[tuple[dict[str, str | None], str]] = []
+        self._open: tuple[dict[str, str | None], list[str]] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._close()
+            self._open = (dict(attrs), [])
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._open[1].append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a":
+            self._close()
+
+    def close(self) -> None:
+        super().close()
+        self._close()  # an anchor left open at the end of the page still counts
+
+    def _close(self) -> None:
+        if self._open is not None:
+            attrs, text = self._open
+            self.anchors.append((attrs, "".join(text).strip()))
+            self._open = None
+
+
+def _from_html(text: str, base: str) -> list[ProjectFile]:
+    parser = _Anchors()
+    parser.feed(text)
+    parser.close()
+    files = []
+    for attrs, label in parser.anchors:
+        href = attrs.get("href")
+        if not href:
+            continue
+        url, fragment = urldefrag(urljoin(base, href))
+        m = _SHA256.fullmatch(fragment)
+        files.append(ProjectFile(
+            # PEP 503: the text is the file name; the URL's last segment where it is missing.
+            filename=label or urlsplit(url).path.rsplit("/", 1)[-1],
+            url=url,
+            sha256=m.group(1) if m else None,
+            requires_python=attrs.get("data-requires-python"),
+            yanked="data-yanked" in attrs,
+        ))
+    return files
+
+
+def _versions(listed: list[Any] | None, files: list[ProjectFile]) -> tuple[Version, ...]:
+    found: set[Version] = set()
+    if listed is not None:
+        for v in listed:
+            try:
+                found.add(Version(str(v)))
+            except InvalidVersion:
+                continue
+    else:
+        found = {v for f in files if (v := f.version) is not None}
+    return tuple(sorted(found, reverse=True))

@@ -3,103 +3,44 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import shutil
 import tarfile
 import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urldefrag, urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 from packaging.version import Version
 
 from wheelhouse.buildspec import FailureKind
-from wheelhouse.errors import BuildFailed
+from wheelhouse.errors import BuildFailed, UpstreamUnavailable
+from wheelhouse.upstream import ProjectFile, fetch_project
 from worker.failures import InfrastructureError
 
-ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, " \
-         "text/html;q=0.01"
 _CHUNK = 1024 * 1024
 MAX_SDIST_BYTES = 2 * 1024**3
 
 
-@dataclass(frozen=True)
-class SdistLink:
-    filename: str
-    url: str
-    sha256: str | None
-
-
-class _Anchors(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[tuple[str, str]] = []
-        self._href: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            self._href = dict(attrs).get("href")
-
-    def handle_data(self, data: str) -> None:
-        if self._href is not None:
-            self.links.append((self._href, data.strip()))
-            self._href = None
-
-
-def _request(url: str, **headers: str) -> urllib.request.Request:
-    """A request for an index or file URL; only http(s) and file URLs are ever opened."""
+def _request(url: str) -> urllib.request.Request:
+    """A request for a file URL; only http(s) and file URLs are ever opened."""
     if urlsplit(url).scheme not in ("http", "https", "file"):
         raise BuildFailed(FailureKind.INCOMPATIBLE.value, f"refusing to fetch {url[:200]!r}")
-    return urllib.request.Request(url, headers={"User-Agent": "wheelhouse-worker", **headers})  # noqa: S310
+    return urllib.request.Request(url, headers={"User-Agent": "wheelhouse-worker"})  # noqa: S310
 
 
-def _open(url: str, timeout: float) -> tuple[bytes, str, str]:
-    req = _request(url, Accept=ACCEPT)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (scheme checked)
-            return resp.read(), resp.headers.get("Content-Type", ""), resp.geturl()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise FileNotFoundError(url) from None
-        raise InfrastructureError(f"{url} answered HTTP {exc.code}") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-        raise InfrastructureError(f"{url}: {exc}") from None
-
-
-def list_sdists(index_url: str, project: str, *, timeout: float = 60.0) -> list[SdistLink]:
-    """Every sdist the index lists for ``project`` (PEP 691 JSON, or PEP 503 HTML)."""
-    page = index_url.rstrip("/") + "/" + canonicalize_name(project) + "/"
-    try:
-        body, ctype, final = _open(page, timeout)
-    except FileNotFoundError:
-        return []
-    links: list[SdistLink] = []
-    if "json" in ctype:
-        data = json.loads(body)
-        for f in data.get("files", []):
-            links.append(SdistLink(f["filename"], urljoin(final, f["url"]),
-                                   (f.get("hashes") or {}).get("sha256")))
-    else:
-        parser = _Anchors()
-        parser.feed(body.decode("utf-8", errors="replace"))
-        for href, text in parser.links:
-            url, frag = urldefrag(urljoin(final, href))
-            m = re.fullmatch(r"sha256=([0-9a-f]{64})", frag)
-            name = text or urlsplit(url).path.rsplit("/", 1)[-1]
-            links.append(SdistLink(name, url, m.group(1) if m else None))
-    return [link for link in links if link.filename.endswith((".tar.gz", ".zip"))]
-
-
-def find_sdist(index_url: str, project: str, version: str, *, timeout: float = 60.0) -> SdistLink:
+def find_sdist(index_url: str, project: str, version: str, *,
+               timeout: float = 60.0) -> ProjectFile:
+    """The sdist of ``project`` ``version`` on the index (a .tar.gz before a .zip)."""
     wanted = Version(version)
     name = canonicalize_name(project)
+    try:
+        page = fetch_project(index_url, project, timeout=timeout)
+    except UpstreamUnavailable as exc:
+        raise InfrastructureError(str(exc)) from None
     matches = []
-    for link in list_sdists(index_url, project, timeout=timeout):
+    for link in page.sdists:
         try:
             sname, sversion = parse_sdist_filename(link.filename)
         except InvalidSdistFilename:
@@ -113,7 +54,7 @@ def find_sdist(index_url: str, project: str, version: str, *, timeout: float = 6
     return matches[0]
 
 
-def download_sdist(link: SdistLink, dest_dir: Path, *, timeout: float = 300.0) -> Path:
+def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0) -> Path:
     """Download and check the sha256 the index published; refuse a source without one."""
     if link.sha256 is None:
         raise BuildFailed(FailureKind.INCOMPATIBLE.value,
