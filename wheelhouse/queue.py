@@ -1,4 +1,5 @@
-"""The build queue as the web and the CLI use it: enqueue idempotently, look up, cancel, tail.
+"""The build queue as the web and the CLI use it: enqueue idempotently, look up, cancel, tail,
+and scan RQ's registries (every build job at once; durations of finished builds).
 
 Jobs are enqueued by dotted path (``worker.jobs.run_build``), so the web never imports the
 worker. One spec has one deterministic job id: a second request finds the queued, running or
@@ -11,9 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import UnservableSpec
@@ -73,6 +74,7 @@ class BuildStatus:
     position: int | None = None
     """Place in its queue (0 = next), while queued."""
     enqueued_at: datetime | None = None
+    """Times are timezone-aware (UTC), whichever way RQ returned them."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
@@ -182,7 +184,8 @@ def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
         failure_kind=failure.get("kind"), reason=reason or meta.get("summary"),
         max_jobs=meta.get("max_jobs"), max_jobs_reason=meta.get("max_jobs_reason"),
         wheel=meta.get("wheel"), log_key=meta.get("log_key"), position=position,
-        enqueued_at=job.enqueued_at, started_at=job.started_at, ended_at=job.ended_at,
+        enqueued_at=_utc(job.enqueued_at), started_at=_utc(job.started_at),
+        ended_at=_utc(job.ended_at),
         meta=meta,
     )
 
@@ -249,3 +252,64 @@ def log_since(conn: Redis, job_id: str, offset: int = 0) -> tuple[list[str], int
 def log_tail(conn: Redis, job_id: str, lines: int = 200) -> list[str]:
     raw = conn.lrange(LOG_PREFIX + job_id, -lines, -1)
     return [b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in raw]
+
+
+# -- scans of RQ's registries --
+
+
+def all_build_jobs(conn: Redis, *, finished_limit: int = 2000) -> list[Job]:
+    """Every build job the queues and registries know, fetched in one pipeline."""
+    from rq import Queue
+    from rq.job import Job
+    from rq.registry import (
+        CanceledJobRegistry,
+        FailedJobRegistry,
+        FinishedJobRegistry,
+        StartedJobRegistry,
+    )
+
+    ids: dict[str, None] = {}
+    for queue in Queue.all(connection=conn):
+        if not queue.name.startswith("build-"):
+            continue
+        for jid in queue.get_job_ids():
+            ids[jid] = None
+        for registry in (StartedJobRegistry, FailedJobRegistry, CanceledJobRegistry):
+            for jid in registry(queue.name, connection=conn).get_job_ids():
+                ids[jid] = None
+        for jid in FinishedJobRegistry(queue.name, connection=conn).get_job_ids(
+                -finished_limit, -1):
+            ids[jid] = None
+    return [j for j in Job.fetch_many(list(ids), connection=conn) if j is not None]
+
+
+def finished_durations(conn: Redis, queue: str, project: str, *, exclude: str | None = None,
+                       scan: int = 200, keep: int = 50) -> list[float]:
+    """Wall-clock seconds of the latest successful builds of ``project`` on ``queue``.
+
+    Looks at the ``scan`` oldest entries of the finished registry, of which the last ``keep``
+    (other than ``exclude``) are fetched in one pipeline.
+    """
+    from rq.job import Job
+    from rq.registry import FinishedJobRegistry
+
+    ids = FinishedJobRegistry(queue, connection=conn).get_job_ids(0, scan - 1)
+    ids = [i for i in ids if i != exclude][-keep:]
+    durations = []
+    for job in Job.fetch_many(ids, connection=conn):
+        if job is None or job.started_at is None or job.ended_at is None:
+            continue
+        if (job.meta.get("spec") or {}).get("project") == project:
+            durations.append((_utc(job.ended_at) - _utc(job.started_at)).total_seconds())
+    return durations
+
+
+@overload
+def _utc(moment: datetime) -> datetime: ...
+@overload
+def _utc(moment: None) -> None: ...
+def _utc(moment: datetime | None) -> datetime | None:
+    """RQ versions differ in whether they return aware datetimes: make them aware (UTC)."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)

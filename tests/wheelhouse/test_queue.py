@@ -155,3 +155,55 @@ def test_pick_toolkit(toolkits: list[str], cuda: str, picked: str | None) -> Non
     assert (chosen.cuda if chosen else None) == picked
     if picked:
         assert cuda in servable_cuda(toolkits)
+
+
+def _move(conn: redis.Redis, spec: BuildSpec, status: JobStatus, seconds: float = 0.0) -> str:
+    """Put a queued job where a worker would leave it: its status and registry."""
+    from datetime import UTC, datetime, timedelta
+
+    from rq.executions import Execution
+    from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry
+
+    job_id = q.enqueue_build(conn, spec, require_worker=False).job_id
+    job = Job.fetch(job_id, connection=conn)
+    Queue(spec.queue_name, connection=conn).remove(job_id)
+    job.started_at = datetime(2025, 1, 1, tzinfo=UTC)
+    job.ended_at = job.started_at + timedelta(seconds=seconds)
+    job.save()
+    job.set_status(status)
+    if status is JobStatus.STARTED:  # RQ 2 keeps executions, not jobs, in the started registry
+        with conn.pipeline() as pipe:
+            Execution.create(job, ttl=600, pipeline=pipe)
+            pipe.execute()
+    else:
+        registry = {JobStatus.FINISHED: FinishedJobRegistry, JobStatus.FAILED: FailedJobRegistry,
+                    JobStatus.CANCELED: CanceledJobRegistry}[status]
+        registry(spec.queue_name, connection=conn).add(job, -1)
+    return job_id
+
+
+def _spec(python: str, project: str = "flash-attn", cuda: str = "13.0") -> BuildSpec:
+    return BuildSpec.create(project, "2.8.3", python=python, torch="2.14", cuda=cuda)
+
+
+def test_all_build_jobs_scans_every_queue_and_registry(conn: redis.Redis) -> None:
+    queued = q.enqueue_build(conn, _spec("3.9"), require_worker=False).job_id
+    other_cuda = q.enqueue_build(conn, _spec("3.9", cuda="12.8"), require_worker=False).job_id
+    moved = {_move(conn, _spec(p), s) for p, s in (
+        ("3.10", JobStatus.STARTED), ("3.11", JobStatus.FINISHED),
+        ("3.12", JobStatus.FAILED), ("3.13", JobStatus.CANCELED))}
+    Queue("default", connection=conn).enqueue("os.getcwd")  # not a build queue
+    found = {job.id for job in q.all_build_jobs(conn)}
+    assert found == {queued, other_cuda} | moved
+
+
+def test_finished_durations_of_one_project(conn: redis.Redis) -> None:
+    first = _move(conn, _spec("3.10"), JobStatus.FINISHED, seconds=60)
+    _move(conn, _spec("3.11"), JobStatus.FINISHED, seconds=90)
+    _move(conn, _spec("3.11", project="demo-ext"), JobStatus.FINISHED, seconds=5)
+    _move(conn, _spec("3.12"), JobStatus.FAILED, seconds=1)
+    queue = _spec("3.10").queue_name
+    assert sorted(q.finished_durations(conn, queue, "flash-attn")) == [60.0, 90.0]
+    assert q.finished_durations(conn, queue, "flash-attn", exclude=first) == [90.0]
+    assert q.finished_durations(conn, queue, "demo-ext") == [5.0]
+    assert q.finished_durations(conn, "build-cu128-x86_64", "flash-attn") == []
