@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
-from web.app import create_app
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from wheelhouse.config import Config
+    from wheelhouse.storage import Storage
+
+
+def create_app(config: Config | None = None, *, storage: Storage | None = None) -> Flask:
+    """Build the WSGI application; gunicorn runs ``web:create_app()``."""
+    # Imported here, not above: ``wheelhouse serve`` (web.cli) sets PROMETHEUS_MULTIPROC_DIR
+    # before the app's modules import prometheus_client, which reads it once, on import.
+    from web.app import create_app as build
+
+    return build(config, storage=storage)
+
 
 __all__ = ["create_app"]

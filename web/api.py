@@ -9,8 +9,9 @@ from flask import Blueprint, Response, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailable
 
 from web import auth
-from web.app import services
-from web.builds import JOB_ID, build_view, parse_request, recipe_list, submit
+from web.builds import JOB_ID, build_view, submit
+from web.form import parse_request, recipe_list
+from web.services import services
 from wheelhouse.fleet import live_workers, servable
 from wheelhouse.queue import cancel_build, get_build, log_since
 

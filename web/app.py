@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
-
-from flask import Flask, Request, current_app
+from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
-from wheelhouse.catalog import Catalog
+from web import api, auth, errors, files, home, ops, pages, simple
+from web.fastpath import CachedPages
+from web.services import Services
 from wheelhouse.config import Config
-from wheelhouse.storage import Storage, open_storage
-from wheelhouse.upstream import Router
+from wheelhouse.storage import Storage
 
-if TYPE_CHECKING:
-    from redis import Redis
-
-#: Modules under ``web`` whose ``bp`` blueprint the app serves, in registration order.
-BLUEPRINTS = ("home", "simple", "files", "ops", "auth", "api", "pages")
+#: The blueprints the app serves, in registration order.
+BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, auth.bp, api.bp, pages.bp)
 
 
 class _LazySessions(SecureCookieSessionInterface):
@@ -34,52 +28,20 @@ class _LazySessions(SecureCookieSessionInterface):
         return super().open_session(app, request)
 
 
-@dataclass
-class Services:
-    """What request handlers need, built once per application."""
-
-    config: Config
-    storage: Storage
-    catalog: Catalog
-    router: Router
-    redis: Redis | None
-
-
-def services() -> Services:
-    return cast(Services, current_app.extensions["wheelhouse"])
-
-
 def create_app(config: Config | None = None, *, storage: Storage | None = None) -> Flask:
     """Build the WSGI application; gunicorn runs ``web:create_app()``."""
-    config = config or Config.from_env()
+    svc = Services.create(config or Config.from_env(), storage)
     app = Flask(__name__)
     app.session_interface = _LazySessions()
-    store = storage if storage is not None else open_storage(config)
-    redis_conn = None
-    if config.redis_url:
-        from redis import Redis
-
-        # Short timeouts: a page must not hang because the queue is down.
-        redis_conn = Redis.from_url(config.redis_url, socket_timeout=2, socket_connect_timeout=2)
-    app.extensions["wheelhouse"] = Services(
-        config=config,
-        storage=store,
-        catalog=Catalog(store, config.catalog_refresh_seconds),
-        router=Router(config.upstream, config.upstream_rules),
-        redis=redis_conn,
-    )
+    svc.install(app)
     # Load the catalog now: under gunicorn this runs before the fork, so every worker starts
     # with it instead of each paying a full read on its first request.
-    app.extensions["wheelhouse"].catalog.refresh()
-    from web import errors
-
+    svc.catalog.refresh()
     errors.register(app)
-    for name in BLUEPRINTS:
-        module = importlib.import_module(f"web.{name}")
-        app.register_blueprint(module.bp)
-        if hasattr(module, "init_app"):
-            module.init_app(app)
-    from web.fastpath import CachedPages
-
-    app.wsgi_app = CachedPages(app)  # type: ignore[method-assign]
+    for blueprint in BLUEPRINTS:
+        app.register_blueprint(blueprint)
+    # Request ids first: even a request that read protection refuses carries one.
+    ops.init_app(app, svc)
+    auth.init_app(app, svc)
+    app.wsgi_app = CachedPages(app.wsgi_app, svc)  # type: ignore[method-assign]
     return app

@@ -17,13 +17,11 @@ import base64
 import binascii
 import hmac
 import logging
-import re
 import secrets
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flask import Blueprint, Flask, current_app, g, request, session
+from flask import Blueprint, Flask, g, request, session
 from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import (
     BadRequest,
@@ -33,8 +31,9 @@ from werkzeug.exceptions import (
     Unauthorized,
 )
 
-from web.app import services
-from wheelhouse.tokens import TokenInfo, lookup_digest, verify_token
+from web.access import RateLimit
+from web.services import Services, services
+from wheelhouse.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -48,57 +47,14 @@ SECRET_KEY = "wheelhouse:secret-key"  # noqa: S105 (a Redis key name)
 RATE_PREFIX = "wheelhouse:rate:"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
-#: Default budget of build-costing requests per token: ``COUNT/SECONDS``.
 #: Paths that never need read credentials (probes, the login form, static files).
 _OPEN_PATHS = ("/healthz", "/readyz", "/metrics", "/login", "/static/")
 
 
-@dataclass(frozen=True)
-class ReadAuth:
-    """The parsed ``Config.auth`` setting."""
-
-    mode: str
-    """``open``, ``basic`` or ``token``."""
-    user: str = ""
-    password: str = ""
-
-    @classmethod
-    def parse(cls, text: str | None) -> ReadAuth:
-        value = (text or "").strip()
-        if value in ("", "off", "none"):
-            return cls("open")
-        if value == "token":
-            return cls("token")
-        kind, _, rest = value.partition(":")
-        user, sep, password = rest.partition(":")
-        if kind == "basic" and sep and user and password:
-            return cls("basic", user, password)
-        raise ValueError("WHEELHOUSE_AUTH must be 'basic:USER:PASSWORD', 'token' or empty")
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    count: int
-    seconds: int
-
-    @classmethod
-    def parse(cls, text: str) -> RateLimit:
-        m = re.fullmatch(r"\s*([0-9]{1,7})\s*/\s*([0-9]{1,7})\s*", text)
-        if m is None or int(m.group(2)) == 0:
-            raise ValueError(f"a rate limit looks like COUNT/SECONDS, e.g. 30/60; got {text!r}")
-        return cls(int(m.group(1)), int(m.group(2)))
-
-
-def init_app(app: Flask) -> None:
-    svc = app.extensions["wheelhouse"]
+def init_app(app: Flask, svc: Services) -> None:
     app.secret_key = svc.config.secret_key or _shared_secret(svc.redis)
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
                       SESSION_COOKIE_NAME="wheelhouse_session")
-    app.extensions["wheelhouse.auth"] = {
-        "read": ReadAuth.parse(svc.config.auth),
-        "rate": RateLimit.parse(svc.config.rate_limit),
-        "login_rate": RateLimit.parse(svc.config.login_rate_limit),
-    }
     app.before_request(_protect_reads)
     app.context_processor(lambda: {"csrf_token": csrf_token, "current_token": current_token})
 
@@ -116,10 +72,6 @@ def _shared_secret(conn: Redis | None) -> str:
         except RedisError as exc:
             log.warning("no shared session secret (%s); sessions are per process", exc)
     return secrets.token_hex(32)
-
-
-def _settings() -> dict[str, object]:
-    return current_app.extensions["wheelhouse.auth"]  # type: ignore[no-any-return]
 
 
 # -- identifying the caller --
@@ -143,10 +95,6 @@ def _basic() -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
-def _redis() -> Redis | None:
-    return services().redis
-
-
 def current_token() -> TokenInfo | None:
     """The token behind this request (Bearer, basic password, or the login session)."""
     if "wh_token" in g:
@@ -154,17 +102,17 @@ def current_token() -> TokenInfo | None:
     from redis.exceptions import RedisError
 
     info = None
-    conn = _redis()
-    if conn is not None:
+    tokens = services().tokens
+    if tokens is not None:
         bearer = _bearer()
         basic = _basic()
         try:
             if bearer is not None:
-                info = verify_token(conn, bearer)
+                info = tokens.verify(bearer)
             elif basic is not None:
-                info = verify_token(conn, basic[1])
+                info = tokens.verify(basic[1])
             elif isinstance(session.get("token"), str):
-                info = lookup_digest(conn, session["token"])
+                info = tokens.by_digest(session["token"])
                 if info is None:
                     session.pop("token", None)  # revoked since login
         except RedisError as exc:
@@ -177,7 +125,7 @@ def current_token() -> TokenInfo | None:
 
 def require_scope(scope: str) -> TokenInfo:
     """The caller's token, which must allow ``scope``: 401 without one, 403 with the wrong one."""
-    if _redis() is None:
+    if services().redis is None:
         raise ServiceUnavailable("this server has no build queue (WHEELHOUSE_REDIS_URL is unset)")
     presented = _bearer() is not None or _basic() is not None
     info = current_token()
@@ -237,7 +185,7 @@ def logout() -> None:
 
 def _hit(key: str, limit: RateLimit) -> int | None:
     """Count one hit in the current window; seconds to wait when over the limit, else None."""
-    conn = _redis()
+    conn = services().redis
     if conn is None:
         return None
     window = int(time.time()) // limit.seconds
@@ -253,8 +201,7 @@ def _hit(key: str, limit: RateLimit) -> int | None:
 
 def rate_limit(info: TokenInfo) -> None:
     """Count a build-costing request against ``info``'s budget; 429 once it is spent."""
-    limit = _settings()["rate"]
-    assert isinstance(limit, RateLimit)
+    limit = services().auth.rate
     wait = _hit("token:" + info.digest[:32], limit)
     if wait is not None:
         raise TooManyRequests(
@@ -263,8 +210,7 @@ def rate_limit(info: TokenInfo) -> None:
 
 
 def rate_limit_login() -> None:
-    limit = _settings()["login_rate"]
-    assert isinstance(limit, RateLimit)
+    limit = services().auth.login_rate
     wait = _hit("login:" + (request.remote_addr or "unknown")[:64], limit)
     if wait is not None:
         raise TooManyRequests(f"too many failed sign-ins; retry in {wait} s", retry_after=wait)
@@ -274,8 +220,7 @@ def rate_limit_login() -> None:
 
 
 def _protect_reads() -> None:
-    read = _settings()["read"]
-    assert isinstance(read, ReadAuth)
+    read = services().auth.read
     if read.mode == "open" or request.path.startswith(_OPEN_PATHS):
         return
     if read.mode == "basic":

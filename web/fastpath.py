@@ -3,8 +3,9 @@
 uv and pip fetch the same project pages over and over; once a page is rendered (by the Flask
 view in ``web.simple``) it is a dictionary look-up away. This WSGI middleware does that look-up
 and answers directly; everything else (misses, other routes, read-protected indexes, callers
-that send a request id, JSON logging) goes to Flask unchanged. It uses the same page cache,
-negotiation table and metrics as the views, so the two paths give identical answers.
+that send a request id, JSON logging) goes to Flask unchanged. It is given the app's
+:class:`~web.services.Services`, so it uses the same page cache, negotiated formats, metadata
+bodies and metrics as the views, and the two paths give identical answers.
 """
 
 from __future__ import annotations
@@ -13,31 +14,33 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from flask import Flask
+from packaging.utils import NormalizedName
 
-from web import simple
+from web.caches import STATUS_LINES
 from web.files import IMMUTABLE, METADATA_SUFFIX
-from web.metrics import PAGE_CACHE, count_request
+from web.services import Services
 from wheelhouse.errors import InvalidVariant
 from wheelhouse.variants import parse_variant
 
 StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 _ROUTES = {"root": "/<variant_key>/simple/", "project": "/<variant_key>/simple/<name>/",
            "file": "/files/<base_key>/<project>/<filename>"}
 _METADATA_TYPE = "text/plain; charset=utf-8"
 
 
 class CachedPages:
-    def __init__(self, app: Flask) -> None:
-        self.app = app
-        self.next = app.wsgi_app
-        svc = app.extensions["wheelhouse"]
+    """WSGI middleware in front of ``next_app`` (Flask's own WSGI callable)."""
+
+    def __init__(self, next_app: WSGIApp, svc: Services) -> None:
+        self.next = next_app
         self.catalog = svc.catalog
-        self.cache: simple.PageCache = app.extensions["wheelhouse_pages"]
-        self.metadata: dict[str, bytes] = app.extensions.setdefault("wheelhouse_metadata", {})
+        self.pages = svc.pages
+        self.formats = svc.formats
+        self.metadata = svc.metadata
+        self.metrics = svc.metrics
         # Read protection, JSON access logs and build-on-miss need Flask: leave them to it.
         self.enabled = not (svc.config.auth or svc.config.log_json or svc.config.build_on_miss)
-        self.hit = PAGE_CACHE.labels("hit")
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         answer = self._answer(environ, start_response)
@@ -57,14 +60,14 @@ class CachedPages:
                 return None
             parts.insert(3, "")
         kind = "project" if parts[3] else "root"
-        fmt = simple.known_format(environ.get("HTTP_ACCEPT", ""))
+        fmt = self.formats.get(environ.get("HTTP_ACCEPT", ""))
         if fmt is None:
             return None
         key = (environ.get("SCRIPT_NAME", "") + kind, parts[1], parts[3], fmt)
-        page = self.cache.get(self.catalog.generation, key)
+        page = self.pages.get(self.catalog.generation, key)
         if page is None:
             return None
-        self.hit.inc()
+        self.metrics.page_hit.inc()
         inm = environ.get("HTTP_IF_NONE_MATCH")
         if inm is not None and (inm == page.etag or page.etag in _etags(inm)):
             status, body = 304, b""
@@ -74,8 +77,8 @@ class CachedPages:
             headers = [*page.headers, ("Content-Type", page.content_type),
                        ("Content-Length", str(len(body)))]
         headers.append(("X-Request-ID", os.urandom(16).hex()))
-        count_request(_ROUTES[kind], method, status, len(body))
-        start_response(simple.STATUS_LINES[status], headers)
+        self.metrics.count_request(_ROUTES[kind], method, status, len(body))
+        start_response(STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]
 
     def _metadata(self, environ: dict[str, Any], start_response: StartResponse, method: str,
@@ -87,7 +90,8 @@ class CachedPages:
             base = parse_variant(base_key)
         except InvalidVariant:
             return None
-        record = self.catalog.find(base, project,
+        # A name that isn't normalized finds nothing, and Flask answers it.
+        record = self.catalog.find(base, NormalizedName(project),
                                    filename.removesuffix(METADATA_SUFFIX))
         body = self.metadata.get(record.metadata_key) if record is not None else None
         if record is None or body is None:
@@ -101,10 +105,9 @@ class CachedPages:
         else:
             status = 200
             headers += [("Content-Type", _METADATA_TYPE), ("Content-Length", str(len(body)))]
-        count_request(_ROUTES["file"], method, status, len(body))
-        start_response(simple.STATUS_LINES[status], headers)
+        self.metrics.count_request(_ROUTES["file"], method, status, len(body))
+        start_response(STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]
-
 
 
 def _etags(header: str) -> list[str]:

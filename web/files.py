@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from flask import Blueprint, Response, current_app, redirect, request
+from flask import Blueprint, Response, redirect, request
 from packaging.utils import canonicalize_name
 from werkzeug.exceptions import NotFound, RequestedRangeNotSatisfiable
 from werkzeug.wrappers import Response as BaseResponse
 
-from web.app import services
+from web.services import services
 from wheelhouse.catalog import Record
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import parse_name
@@ -46,18 +46,13 @@ def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
                   lambda start, stop: svc.storage.iter_range(record.wheel_key, start, stop))
 
 
-_METADATA_CACHE_MAX = 8192
-
-
 def _metadata(key: str) -> bytes:
     """METADATA bodies are small and immutable once published: keep them in memory."""
-    cache: dict[str, bytes] = current_app.extensions.setdefault("wheelhouse_metadata", {})
-    body = cache.get(key)
+    svc = services()
+    body = svc.metadata.get(key)
     if body is None:
-        body = services().storage.get_bytes(key)
-        if len(cache) >= _METADATA_CACHE_MAX:
-            cache.clear()
-        cache[key] = body
+        body = svc.storage.get_bytes(key)
+        svc.metadata.put(key, body)
     return body
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, request
 
-from web.app import services
+from web.services import services
 
 bp = Blueprint("home", __name__)
 

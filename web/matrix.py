@@ -6,17 +6,17 @@ pipeline, so the page costs O(wheels + jobs), never a request per cell.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from web.builds import all_build_jobs
-from wheelhouse.catalog import Catalog
-from wheelhouse.errors import InvalidVariant
-from wheelhouse.queue import BuildState, state_of
+from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, BuildSpec
+from wheelhouse.catalog import Catalog, Record
+from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
+from wheelhouse.queue import BuildState, all_build_jobs, state_of
 from wheelhouse.variants import Variant
 
 if TYPE_CHECKING:
@@ -65,13 +65,24 @@ class ProjectMatrix:
         return out
 
 
-def python_of(tags: Iterable[object]) -> str | None:
-    """``3.11`` for a cp311 wheel; None for tags that name no CPython."""
-    for tag in tags:
-        interpreter = getattr(tag, "interpreter", "")
-        if interpreter.startswith("cp3") and interpreter[3:].isdigit():
-            return f"3.{interpreter[3:]}"
-    return None
+def pythons_served(record: Record, version: Version, tags: frozenset[Tag]) -> list[str]:
+    """The Pythons a published wheel installs into, on any CPU: for each, the spec of that
+    wheel is built and asked (:meth:`BuildSpec.tags_match` is the one rule)."""
+    variant = record.variant_obj
+    out = []
+    for python in KNOWN_PYTHONS:
+        for machine in KNOWN_MACHINES:
+            try:
+                spec = BuildSpec.create(record.project, version.public, python=python,
+                                        torch=variant.torch, cuda=variant.cuda,
+                                        archs=variant.archs, cxx11abi=variant.cxx11abi,
+                                        machine=machine)
+            except InvalidBuildSpec:
+                break
+            if spec.tags_match(tags):
+                out.append(python)
+                break
+    return out
 
 
 def _version_key(v: str) -> tuple[int, Version | str]:
@@ -104,16 +115,21 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
         if old is None or _PRIORITY[BuildState(cell.state)] < _PRIORITY[BuildState(old.state)]:
             pm.cells[key] = cell
 
+    # Few distinct tag sets recur over many wheels: ask about each (variant, tags) once.
+    served: dict[tuple[str, frozenset[Tag]], list[str]] = {}
     for record in catalog.all_records():
+        if project is not None and record.project != project:
+            continue
         try:
             _, version, _, tags = parse_wheel_filename(record.filename)
         except InvalidWheelFilename:
             continue
-        python = python_of(tags)
-        if python is None:
-            continue
-        place(record.project, str(version.public), record.variant, python,
-              Cell(BuildState.BUILT.value, wheel=record.filename))
+        pythons = served.get((record.variant, tags))
+        if pythons is None:
+            pythons = served[(record.variant, tags)] = pythons_served(record, version, tags)
+        for python in pythons:
+            place(record.project, str(version.public), record.variant, python,
+                  Cell(BuildState.BUILT.value, wheel=record.filename))
     if conn is not None:
         for job in jobs if jobs is not None else all_build_jobs(conn):
             spec = job.meta.get("spec") or {}

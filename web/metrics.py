@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flask import Flask, Response, request
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     generate_latest,
+    values,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,25 +25,75 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from web.app import Services
+from wheelhouse.catalog import Catalog
 
-REQUESTS = Counter("wheelhouse_http_requests", "HTTP requests by route and status",
-                   ["route", "method", "status"])
-BYTES = Counter("wheelhouse_http_bytes_served", "Response body bytes by route", ["route"])
-PAGE_CACHE = Counter("wheelhouse_page_cache", "Index page cache look-ups", ["result"])
+if TYPE_CHECKING:
+    from redis import Redis
+
+
+class Metrics:
+    """This process's request counters, and the scrape that adds the shared facts.
+
+    The counters belong to no global registry: in multiprocess mode each process's values go
+    to its files in ``PROMETHEUS_MULTIPROC_DIR`` and a scrape merges every process's; otherwise
+    a scrape reads this object's counters.
+    """
+
+    def __init__(self) -> None:
+        multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        # prometheus_client chose where values live from that variable when it was imported.
+        if multiprocess and not getattr(values.ValueClass, "_multiprocess", False):
+            raise RuntimeError("PROMETHEUS_MULTIPROC_DIR was set after prometheus_client was "
+                               "imported, so this process's metrics would never be merged")
+        self.multiprocess = multiprocess
+        self.requests = Counter("wheelhouse_http_requests", "HTTP requests by route and status",
+                                ["route", "method", "status"], registry=None)
+        self.bytes = Counter("wheelhouse_http_bytes_served", "Response body bytes by route",
+                             ["route"], registry=None)
+        self.page_cache = Counter("wheelhouse_page_cache", "Index page cache look-ups",
+                                  ["result"], registry=None)
+        self.page_hit = self.page_cache.labels("hit")
+        self.page_miss = self.page_cache.labels("miss")
+        # labels() is a locked dict look-up; keep each (route, method, status)'s pair at hand.
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def count_request(self, route: str, method: str, status: int, size: int | None) -> None:
+        """Count one answered request (Flask's hook and the fast path both call this)."""
+        key = (route, method, status)
+        pair = self._children.get(key)
+        if pair is None:
+            pair = (self.requests.labels(route, method, str(status)), self.bytes.labels(route))
+            self._children[key] = pair
+        pair[0].inc()
+        if size:
+            pair[1].inc(size)
+
+    def scrape(self, catalog: Catalog, redis: Redis | None) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        registry = CollectorRegistry()
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        else:
+            for collector in (self.requests, self.bytes, self.page_cache):
+                registry.register(collector)
+        registry.register(_LiveCollector(catalog, redis))
+        return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 class _LiveCollector(Collector):
     """Values that are facts about shared state, read when Prometheus scrapes."""
 
-    def __init__(self, svc: Services) -> None:
-        self.svc = svc
+    def __init__(self, catalog: Catalog, redis: Redis | None) -> None:
+        self.catalog = catalog
+        self.redis = redis
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         catalog = GaugeMetricFamily("wheelhouse_catalog_files", "Published wheels")
-        catalog.add_metric([], len(self.svc.catalog))
+        catalog.add_metric([], len(self.catalog))
         yield catalog
-        if self.svc.redis is None:
+        if self.redis is None:
             return
         from redis.exceptions import RedisError
 
@@ -58,7 +108,7 @@ class _LiveCollector(Collector):
 
         from wheelhouse.stats import snapshot
 
-        conn = self.svc.redis
+        conn = self.redis
         assert conn is not None
         depth = GaugeMetricFamily("wheelhouse_queue_depth", "Builds waiting, by queue",
                                   labels=["queue"])
@@ -89,43 +139,3 @@ class _LiveCollector(Collector):
                                      "Compile jobs paused by the memory governor")
         pauses.add_metric([], snap.governor_pauses)
         yield pauses
-
-
-_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
-
-
-def count_request(route: str, method: str, status: int, size: int | None) -> None:
-    """Count one answered request (Flask's hook and the fast path both call this)."""
-    key = (route, method, status)
-    pair = _children.get(key)
-    if pair is None:  # labels() is a locked dict look-up; keep the children at hand
-        pair = (REQUESTS.labels(route, method, str(status)), BYTES.labels(route))
-        _children[key] = pair
-    pair[0].inc()
-    if size:
-        pair[1].inc(size)
-
-
-def init_app(app: Flask, svc: Services) -> None:
-    @app.after_request
-    def _count(resp: Response) -> Response:
-        route = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        count_request(route, request.method, resp.status_code, resp.content_length)
-        return resp
-
-    live = _LiveCollector(svc)
-    app.extensions["wheelhouse_metrics"] = live
-
-
-def render(svc: Services, live: _LiveCollector) -> Response:
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
-
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    else:
-        registry = CollectorRegistry()
-        for collector in (REQUESTS, BYTES, PAGE_CACHE):
-            registry.register(collector)
-    registry.register(live)
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)

@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import logging
 
-from packaging.utils import NormalizedName, parse_wheel_filename
+from packaging.utils import NormalizedName
 from packaging.version import Version
 
-from web.app import Services
+from web.builds import serves
+from web.form import recipe_list
+from web.services import Services
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Record
 from wheelhouse.errors import WheelhouseError
 from wheelhouse.queue import enqueue_build
-from wheelhouse.recipes import recipe_projects
 from wheelhouse.variants import Variant
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,6 @@ def installer_python(user_agent: str) -> tuple[str, str] | None:
     return f"{version.major}.{version.minor}", cpu
 
 
-def _covers(filename: str, python: str) -> bool:
-    tag = "cp" + python.replace(".", "")
-    _name, _ver, _build, tags = parse_wheel_filename(filename)
-    return any(t.interpreter == tag or t.abi == "abi3" or t.interpreter.startswith("py")
-               for t in tags)
-
-
 def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
                 files: list[Record], user_agent: str) -> str | None:
     """Enqueue the newest version for the installer's Python if it has no wheel; the job id."""
@@ -58,18 +52,18 @@ def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
     if asked is None:
         return None
     python, cpu = asked
-    newest = max(Version(r.version).public for r in files)
-    if any(_covers(r.filename, python) for r in files if Version(r.version).public == newest):
-        return None
+    newest = max(Version(r.version) for r in files).public
     from redis.exceptions import RedisError
 
     try:
-        dirs = [d for d in svc.config.recipe_dirs.split(":") if d]
-        if project not in recipe_projects(dirs):
-            return None
+        # The spec says which wheel this installer needs; its tags_match is the one rule.
         spec = BuildSpec.create(project, newest, python=python, torch=variant.torch,
                                 cuda=variant.cuda, archs=variant.archs,
                                 cxx11abi=variant.cxx11abi, machine=cpu)
+        if any(serves(spec, r.filename) for r in files):
+            return None
+        if project not in recipe_list(svc.config):
+            return None
         if not svc.redis.set(RATE_PREFIX + spec.job_id, "1", nx=True, ex=RATE_SECONDS):
             return None
         job = enqueue_build(svc.redis, spec, timeout=svc.config.build_timeout)

@@ -8,10 +8,9 @@ import time
 import uuid
 from typing import Any
 
-from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
+from flask import Blueprint, Flask, Response, g, jsonify, request
 
-from web import metrics
-from web.app import services
+from web.services import Services, services
 
 bp = Blueprint("ops", __name__)
 access_log = logging.getLogger("wheelhouse.access")
@@ -52,7 +51,9 @@ def readyz() -> Response:
 
 @bp.get("/metrics")
 def prometheus() -> Response:
-    return metrics.render(services(), current_app.extensions["wheelhouse_metrics"])
+    svc = services()
+    body, content_type = svc.metrics.scrape(svc.catalog, svc.redis)
+    return Response(body, content_type=content_type)
 
 
 class JsonFormatter(logging.Formatter):
@@ -71,9 +72,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data)
 
 
-def init_app(app: Flask) -> None:
-    svc = app.extensions["wheelhouse"]
-    metrics.init_app(app, svc)
+def init_app(app: Flask, svc: Services) -> None:
+    @app.after_request
+    def _count(resp: Response) -> Response:
+        route = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        svc.metrics.count_request(route, request.method, resp.status_code, resp.content_length)
+        return resp
 
     @app.before_request
     def _request_id() -> None:

@@ -7,8 +7,6 @@ from urllib.parse import urlencode
 
 from flask import (
     Blueprint,
-    Flask,
-    current_app,
     redirect,
     render_template,
     request,
@@ -19,33 +17,19 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.api import base_url
-from web.app import services
-from web.builds import (
-    JOB_ID,
-    SUGGESTED_TORCH,
-    VersionsCache,
-    build_view,
-    parse_request,
-    recipe_list,
-    spec_of,
-    submit,
-    upstream_versions,
-)
+from web.builds import JOB_ID, build_view, spec_of, submit
+from web.form import SUGGESTED_TORCH, parse_request, recipe_list
 from web.matrix import build_matrix
+from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import UnservableSpec
 from wheelhouse.fleet import live_workers, servable
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
-from wheelhouse.tokens import verify_token
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("pages", __name__)
 
 LOG_LINES = 200
-
-
-def init_app(app: Flask) -> None:
-    app.extensions["wheelhouse.versions"] = {}
 
 
 def _safe_next(target: str | None) -> str:
@@ -68,12 +52,12 @@ def login() -> BaseResponse | tuple[str, int] | str:
     nxt = _safe_next(request.values.get("next"))
     if request.method == "POST":
         auth.check_csrf()
-        conn = services().redis
+        tokens = services().tokens
         token = request.form.get("token", "").strip()
-        info = verify_token(conn, token) if conn is not None else None
+        info = tokens.verify(token) if tokens is not None else None
         if info is None:
             auth.rate_limit_login()
-            error = ("That token is not valid (or was revoked)." if conn is not None
+            error = ("That token is not valid (or was revoked)." if tokens is not None
                      else "This server has no build queue, so there is nothing to sign in to.")
             return render_template("login.html", error=error, next=nxt), 401
         auth.login(info)
@@ -115,9 +99,7 @@ def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, A
     pairs, workers = _fleet()
     recipes = recipe_list(svc.config)
     project = values.get("project") or (recipes[0] if recipes else "")
-    cache: VersionsCache = current_app.extensions["wheelhouse.versions"]
-    versions = upstream_versions(svc.router.default, project, cache) if project in recipes \
-        else None
+    versions = svc.versions.get(svc.router.default, project) if project in recipes else None
     servable_cuda = sorted({c for c, _ in pairs})
     return {
         "values": values, "errors": errors, "recipes": recipes, "project": project,

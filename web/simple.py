@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from dataclasses import dataclass
 
 from flask import (
     Blueprint,
-    Flask,
     Response,
-    current_app,
     redirect,
     render_template,
     request,
@@ -23,12 +19,11 @@ from flask import (
 )
 from packaging.utils import InvalidName, NormalizedName, canonicalize_name
 from werkzeug.exceptions import NotFound
-from werkzeug.utils import get_content_type
 from werkzeug.wrappers import Response as BaseResponse
 
 from web import onmiss
-from web.app import services
-from web.metrics import PAGE_CACHE
+from web.caches import Page, PageKey
+from web.services import services
 from wheelhouse.catalog import Record
 from wheelhouse.errors import InvalidProjectName
 from wheelhouse.variants import Variant, parse_variant
@@ -43,66 +38,12 @@ API_VERSION = "1.1"
 MAX_PROJECT_LENGTH = 200
 
 
-@dataclass(frozen=True)
-class Page:
-    """A rendered answer, kept for one catalog generation: a page, or an upstream redirect."""
-
-    body: bytes
-    etag: str
-    headers: tuple[tuple[str, str], ...]
-    mimetype: str | None = None
-    status: int = 200
-
-    @property
-    def content_type(self) -> str:
-        return get_content_type(self.mimetype or "text/html", "utf-8")
-
-
-_Key = tuple[str, str, str, str]
-
-
-class PageCache:
-    """Answers by (script root, variant key, project name as requested, format), valid for one
-    generation. Keyed on the raw request, so a hit skips validation: it was valid when cached."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._generation = ""
-        self._pages: dict[_Key, Page] = {}
-
-    def get(self, generation: str, key: _Key) -> Page | None:
-        if generation != self._generation:
-            with self._lock:
-                if generation != self._generation:
-                    self._pages = {}
-                    self._generation = generation
-            return None
-        return self._pages.get(key)
-
-    def put(self, generation: str, key: _Key, page: Page) -> None:
-        if generation == self._generation:
-            self._pages[key] = page
-
-
-def init_app(app: Flask) -> None:
-    app.extensions["wheelhouse_pages"] = PageCache()
-
-
-_negotiated: dict[tuple[str, str | None], str] = {}
-_NEGOTIATED_MAX = 512
-STATUS_LINES = {200: "200 OK", 302: "302 FOUND", 304: "304 NOT MODIFIED"}
-
-
-def known_format(accept: str) -> str | None:
-    """The format already negotiated for this Accept header (no ``?format=``), if any."""
-    return _negotiated.get((accept, None))
-
-
 def negotiate() -> str:
     """``json`` or ``html`` from ``?format=`` or the Accept header that uv and pip send."""
     accept = request.headers.get("Accept", "")
     fmt_arg = request.args.get("format")
-    known = _negotiated.get((accept, fmt_arg))
+    formats = services().formats
+    known = formats.get(accept, fmt_arg)
     if known is not None:
         return known
     if fmt_arg in (JSON_V1, "json"):
@@ -112,9 +53,7 @@ def negotiate() -> str:
     else:
         best = request.accept_mimetypes.best_match(_OFFERS, default="text/html")
         fmt = "json" if best and best.endswith("+json") else "html"
-    if len(_negotiated) >= _NEGOTIATED_MAX:  # clients send few distinct headers; stay bounded
-        _negotiated.clear()
-    _negotiated[(accept, fmt_arg)] = fmt
+    formats.put(accept, fmt_arg, fmt)
     return fmt
 
 
@@ -152,23 +91,19 @@ def _make_page(body: str | bytes, fmt: str, *, status: int = 200,
     return Page(data, etag, tuple(headers), mimetype, status)
 
 
-def _lookup(kind: str, variant_key: str, name: str, fmt: str) -> tuple[str, _Key, Page | None]:
-    generation = services().catalog.generation
+def _lookup(kind: str, variant_key: str, name: str,
+            fmt: str) -> tuple[str, PageKey, Page | None]:
+    svc = services()
+    generation = svc.catalog.generation
     key = (request.script_root + kind, variant_key, name, fmt)
-    cache: PageCache = current_app.extensions["wheelhouse_pages"]
-    page = cache.get(generation, key)
-    (_HIT if page is not None else _MISS).inc()
+    page = svc.pages.get(generation, key)
+    (svc.metrics.page_hit if page is not None else svc.metrics.page_miss).inc()
     return generation, key, page
 
 
-def _store(generation: str, key: _Key, page: Page) -> Page:
-    cache: PageCache = current_app.extensions["wheelhouse_pages"]
-    cache.put(generation, key, page)
+def _store(generation: str, key: PageKey, page: Page) -> Page:
+    services().pages.put(generation, key, page)
     return page
-
-
-_HIT = PAGE_CACHE.labels("hit")
-_MISS = PAGE_CACHE.labels("miss")
 
 
 @bp.get("/<variant_key>/simple/")

@@ -1,0 +1,83 @@
+"""Everything request handlers share, in one typed object built once per application.
+
+:func:`web.app.create_app` builds a :class:`Services`, keeps it in
+``app.extensions["wheelhouse"]`` and hands it to the fast-path middleware; blueprints read it
+with :func:`services`. Nothing else in ``web`` keeps state between requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from flask import Flask, current_app
+
+from web.access import AuthSettings, Tokens
+from web.caches import FormatCache, MetadataCache, PageCache, VersionsCache
+from web.metrics import Metrics
+from wheelhouse.catalog import Catalog
+from wheelhouse.config import Config
+from wheelhouse.storage import Storage, open_storage
+from wheelhouse.upstream import Router
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+#: Where the application keeps its :class:`Services`.
+EXTENSION = "wheelhouse"
+
+
+@dataclass(frozen=True)
+class Services:
+    """What request handlers need; the caches inside are this process's own."""
+
+    config: Config
+    storage: Storage
+    catalog: Catalog
+    router: Router
+    redis: Redis | None
+    """The build queue's Redis; None in index-only mode."""
+    tokens: Tokens | None
+    """None without a build queue: then nobody can sign in."""
+    auth: AuthSettings
+    metrics: Metrics
+    pages: PageCache
+    formats: FormatCache
+    metadata: MetadataCache
+    versions: VersionsCache
+
+    @classmethod
+    def create(cls, config: Config, storage: Storage | None = None) -> Services:
+        store = storage if storage is not None else open_storage(config)
+        redis_conn = None
+        if config.redis_url:
+            from redis import Redis
+
+            # Short timeouts: a page must not hang because the queue is down.
+            redis_conn = Redis.from_url(config.redis_url, socket_timeout=2,
+                                        socket_connect_timeout=2)
+        return cls(
+            config=config,
+            storage=store,
+            catalog=Catalog(store, config.catalog_refresh_seconds),
+            router=Router(config.upstream, config.upstream_rules),
+            redis=redis_conn,
+            tokens=Tokens(redis_conn) if redis_conn is not None else None,
+            auth=AuthSettings.from_config(config),
+            metrics=Metrics(),
+            pages=PageCache(),
+            formats=FormatCache(),
+            metadata=MetadataCache(),
+            versions=VersionsCache(),
+        )
+
+    def install(self, app: Flask) -> None:
+        """Keep this as ``app``'s services; an app gets them once."""
+        if EXTENSION in app.extensions:
+            raise RuntimeError("this application already has its services")
+        app.extensions[EXTENSION] = self
+
+
+def services() -> Services:
+    """The current application's services (inside a request or app context)."""
+    return cast(Services, current_app.extensions[EXTENSION])
