@@ -20,9 +20,9 @@ from wheelhouse.variants import parse_variant
 VARIANT = "torch2.8-cu128"
 
 
-def _agent(python: str, name: str = "uv/0.13.9") -> str:
+def _agent(python: str, name: str = "uv/0.13.9", cpu: str = "x86_64") -> str:
     return name + " " + json.dumps({"installer": {"name": name.split("/")[0]},
-                                    "python": python, "cpu": "x86_64"})
+                                    "python": python, "cpu": cpu})
 
 
 @pytest.mark.parametrize(
@@ -40,10 +40,10 @@ def test_installer_python(agent: str, expected: tuple[str, str] | None) -> None:
     assert installer_python(agent) == expected
 
 
-def _publish_cp312(config_storage: str, tmp_path: Path) -> None:
+def _publish_cp312(config_storage: str, tmp_path: Path,
+                   tag: str = "cp312-cp312-linux_x86_64") -> None:
     variant = parse_variant(VARIANT)
-    w = make_wheel(tmp_path / "w", "cudaext", f"0.1.0+{variant.local_label}",
-                   tag="cp312-cp312-linux_x86_64")
+    w = make_wheel(tmp_path / "w", "cudaext", f"0.1.0+{variant.local_label}", tag=tag)
     from wheelhouse.config import Config
 
     publish(open_storage(Config(storage=config_storage)), w, variant)
@@ -91,3 +91,31 @@ def test_no_worker_no_build_and_the_page_still_answers(redis_url: str, conn: Red
                                  headers={"User-Agent": _agent("3.11.7")})
     assert resp.status_code == 200
     assert conn.keys("rq:job:*") == []
+
+
+@pytest.mark.parametrize(
+    ("tag", "python", "cpu", "enqueued"),
+    [
+        # A stable-ABI wheel serves its CPython and newer ones, not older ones.
+        ("cp312-abi3-linux_x86_64", "3.13.1", "x86_64", False),
+        ("cp312-abi3-linux_x86_64", "3.11.7", "x86_64", True),
+        # A wheel for another CPU serves nobody on this one.
+        ("cp311-cp311-linux_x86_64", "3.11.7", "aarch64", True),
+        ("cp311-cp311-manylinux_2_28_aarch64", "3.11.7", "aarch64", False),
+    ],
+)
+def test_which_wheel_serves_the_installer_is_the_build_spec_rule(
+        redis_url: str, conn: Redis, tmp_path: Path, tag: str, python: str, cpu: str,
+        enqueued: bool) -> None:
+    app = make_app(redis_url, tmp_path, build_on_miss=True, recipe_dirs=str(FIXTURE_RECIPES))
+    _publish_cp312(str(tmp_path / "data"), tmp_path, tag)
+    advertise_worker(conn, cuda="12.8", machine=cpu)
+    resp = app.test_client().get(f"/{VARIANT}/simple/cudaext/",
+                                 headers={"User-Agent": _agent(python, cpu=cpu)})
+    assert resp.status_code == 200
+    jobs = [k.decode().removeprefix("rq:job:") for k in conn.keys("rq:job:*")]
+    assert bool(jobs) is enqueued, jobs
+    if enqueued:
+        status = q.get_build(conn, jobs[0])
+        assert status is not None
+        assert (status.spec["python"], status.spec["machine"]) == (python[:4], cpu)
