@@ -12,7 +12,7 @@ from wheelhouse.config import Config
 from wheelhouse.storage import Storage
 
 #: The blueprints the app serves, in registration order.
-BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, auth.bp, api.bp, pages.bp)
+BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, pages.bp)
 
 
 class _LazySessions(SecureCookieSessionInterface):

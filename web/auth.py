@@ -21,7 +21,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING
 
-from flask import Blueprint, Flask, g, request, session
+from flask import Flask, g, request, session
 from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import (
     BadRequest,
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
     from redis import Redis
 
 log = logging.getLogger(__name__)
-
-#: No routes of its own (sign-in is in ``web.pages``); registered for :func:`init_app`.
-bp = Blueprint("auth", __name__)
 
 SECRET_KEY = "wheelhouse:secret-key"  # noqa: S105 (a Redis key name)
 RATE_PREFIX = "wheelhouse:rate:"

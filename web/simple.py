@@ -32,8 +32,8 @@ bp = Blueprint("simple", __name__)
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
 HTML_V1 = "application/vnd.pypi.simple.v1+html"
-_OFFERS = [JSON_V1, "application/vnd.pypi.simple.latest+json", HTML_V1,
-           "application/vnd.pypi.simple.latest+html", "text/html"]
+_OFFERS = (JSON_V1, "application/vnd.pypi.simple.latest+json", HTML_V1,
+           "application/vnd.pypi.simple.latest+html", "text/html")
 API_VERSION = "1.1"
 MAX_PROJECT_LENGTH = 200
 

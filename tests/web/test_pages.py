@@ -316,6 +316,17 @@ def test_versions_come_from_the_upstream_index(
     assert "3 versions on the upstream index" in page
 
 
+def test_a_project_upstream_does_not_list_is_said_so(
+        redis_url: str, tmp_path: Path, conn: Redis, upstream_json: str) -> None:
+    advertise_worker(conn)
+    elsewhere = upstream_json.replace("/simple/", "/other/")  # answers 404 for flash-attn
+    client = make_app(redis_url, tmp_path, upstream=elsewhere).test_client()
+    sign_in(client, token(conn))
+    page = client.get("/request").text
+    assert "The upstream index lists no release of flash-attn" in page
+    assert "did not answer" not in page
+
+
 class _HtmlOnlyUpstream(QuietHandler):
     """An index that serves PEP 503 HTML only, whatever the client asks for."""
 
