@@ -181,10 +181,10 @@ def build_catalog(root: Path, wheels: int, variant_count: int, log: Any) -> Cata
                     metadata = read_metadata(path)
                     record = Record(
                         filename=name.filename, project=name.project,
-                        version=str(name.version), variant=variant.key, archs=None,
+                        version=str(name.version), variant=variant, archs=None,
                         sha256=sha256_file(path), size=path.stat().st_size,
                         metadata_sha256=_sha256(metadata), requires_python=None,
-                        upload_time=stamp, build={},
+                        upload_time=stamp,
                     )
                     wkey = wheel_key(variant, name.project, name.filename)
                     storage.put_file(wkey, path)

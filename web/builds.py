@@ -76,15 +76,6 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
-def peak_memory(meta: Mapping[str, Any]) -> int | None:
-    """Peak memory of the build in bytes, under whichever name the worker records it."""
-    for key in ("peak_tree_bytes", "peak_memory_bytes", "peak_rss_bytes", "peak_job_bytes"):
-        value = meta.get(key)
-        if isinstance(value, int | float) and value > 0:
-            return int(value)
-    return None
-
-
 def spec_of(status: BuildStatus) -> BuildSpec | None:
     try:
         return BuildSpec.from_dict(status.spec)
@@ -115,11 +106,11 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
     With ``catalog``, a built wheel's record fills in what the job's meta lacks (peak memory).
     """
     spec = spec_of(status)
-    peak = peak_memory(status.meta)
+    peak = status.build.peak_tree_bytes
     if peak is None and catalog is not None and spec is not None \
             and status.state is BuildState.BUILT:
         record = published_for(catalog, spec)
-        peak = peak_memory(record.build) if record is not None else None
+        peak = record.build.peak_tree_bytes if record is not None else None
     now = datetime.now(UTC)
     started = status.started_at
     ended = status.ended_at
@@ -150,7 +141,7 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         "variant": spec.variant.key if spec else None,
         "progress": progress,
         "position": status.position,
-        "failure_kind": status.failure_kind,
+        "failure_kind": status.failure_kind.value if status.failure_kind else None,
         "reason": status.reason,
         "max_jobs": status.max_jobs,
         "max_jobs_reason": status.max_jobs_reason,

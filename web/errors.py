@@ -15,10 +15,10 @@ from wheelhouse.errors import (
     InvalidVariant,
     InvalidWheel,
     StorageError,
+    TokenError,
     UnservableSpec,
     WheelhouseError,
 )
-from wheelhouse.tokens import TokenError
 
 log = logging.getLogger(__name__)
 

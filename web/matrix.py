@@ -13,9 +13,9 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, BuildSpec
-from wheelhouse.catalog import Catalog, Record
-from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
+from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, tags_serve
+from wheelhouse.catalog import Catalog
+from wheelhouse.errors import InvalidVariant
 from wheelhouse.queue import BuildState, all_build_jobs, state_of
 from wheelhouse.variants import Variant
 
@@ -65,24 +65,10 @@ class ProjectMatrix:
         return out
 
 
-def pythons_served(record: Record, version: Version, tags: frozenset[Tag]) -> list[str]:
-    """The Pythons a published wheel installs into, on any CPU: for each, the spec of that
-    wheel is built and asked (:meth:`BuildSpec.tags_match` is the one rule)."""
-    variant = record.variant_obj
-    out = []
-    for python in KNOWN_PYTHONS:
-        for machine in KNOWN_MACHINES:
-            try:
-                spec = BuildSpec.create(record.project, version.public, python=python,
-                                        torch=variant.torch, cuda=variant.cuda,
-                                        archs=variant.archs, cxx11abi=variant.cxx11abi,
-                                        machine=machine)
-            except InvalidBuildSpec:
-                break
-            if spec.tags_match(tags):
-                out.append(python)
-                break
-    return out
+def pythons_served(tags: frozenset[Tag]) -> list[str]:
+    """The Pythons a published wheel installs into, on any CPU (the core's one tag rule)."""
+    return [python for python in KNOWN_PYTHONS
+            if any(tags_serve(tags, python, machine) for machine in KNOWN_MACHINES)]
 
 
 def _version_key(v: str) -> tuple[int, Version | str]:
@@ -116,7 +102,7 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
             pm.cells[key] = cell
 
     # Few distinct tag sets recur over many wheels: ask about each (variant, tags) once.
-    served: dict[tuple[str, frozenset[Tag]], list[str]] = {}
+    served: dict[frozenset[Tag], list[str]] = {}
     for record in catalog.all_records():
         if project is not None and record.project != project:
             continue
@@ -124,11 +110,11 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
             _, version, _, tags = parse_wheel_filename(record.filename)
         except InvalidWheelFilename:
             continue
-        pythons = served.get((record.variant, tags))
+        pythons = served.get(tags)
         if pythons is None:
-            pythons = served[(record.variant, tags)] = pythons_served(record, version, tags)
+            pythons = served[tags] = pythons_served(tags)
         for python in pythons:
-            place(record.project, str(version.public), record.variant, python,
+            place(record.project, str(version.public), record.variant.key, python,
                   Cell(BuildState.BUILT.value, wheel=record.filename))
     if conn is not None:
         for job in jobs if jobs is not None else all_build_jobs(conn):

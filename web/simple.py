@@ -177,7 +177,7 @@ def _not_hosted(variant: Variant, project: NormalizedName) -> str:
 
 
 def _file_url(r: Record) -> str:
-    return url_for("files.wheel", base_key=r.variant_obj.base.key, project=r.project,
+    return url_for("files.wheel", base_key=r.variant.base.key, project=r.project,
                    filename=r.filename)
 
 

@@ -12,7 +12,6 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from packaging.tags import Tag
@@ -30,27 +29,6 @@ KNOWN_MACHINES: tuple[str, ...] = ("x86_64", "aarch64")
 MAX_FIELD_LENGTH = 100
 _PROJECT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-
-
-class FailureKind(StrEnum):
-    """Why a build failed; decides whether it is retried and what the user is told."""
-
-    COMPILE_ERROR = "compile_error"
-    """The sources do not compile: not retried."""
-    OOM = "oom"
-    """A compile was killed for memory: retried once at half the MAX_JOBS."""
-    TIMEOUT = "timeout"
-    """The build ran past its deadline and was killed."""
-    INCOMPATIBLE = "incompatible"
-    """This combination cannot be built (C++ standard, toolkit, torch source): not retried."""
-    INFRASTRUCTURE = "infrastructure"
-    """Storage, network or Redis failed: retried with backoff."""
-    CANCELLED = "cancelled"
-    """Someone cancelled the build."""
-
-    @property
-    def retryable(self) -> bool:
-        return self in (FailureKind.INFRASTRUCTURE, FailureKind.OOM)
 
 
 def normalize_python(python: str) -> str:

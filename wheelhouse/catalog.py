@@ -20,12 +20,13 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from packaging.utils import BuildTag, NormalizedName, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import parse_name
@@ -48,12 +49,16 @@ def record_key(base: Variant, project: str, filename: str) -> str:
 
 @dataclass(frozen=True)
 class Record:
-    """What publishing a wheel promises about it; serialized as the ``.json`` record."""
+    """What publishing a wheel promises about it; serialized as the ``.json`` record.
+
+    In JSON the variant is its key and the build facts a plain object, so records written by
+    older versions read back unchanged.
+    """
 
     filename: str
     project: NormalizedName
     version: str
-    variant: str
+    variant: Variant
     archs: tuple[str, ...] | None
     sha256: str
     size: int
@@ -61,23 +66,21 @@ class Record:
     requires_python: str | None
     upload_time: str
     yanked: bool | str = False
-    build: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def variant_obj(self) -> Variant:
-        return parse_variant(self.variant)
+    build: BuildFacts = field(default_factory=BuildFacts)
 
     @property
     def wheel_key(self) -> str:
-        return wheel_key(self.variant_obj.base, self.project, self.filename)
+        return wheel_key(self.variant.base, self.project, self.filename)
 
     @property
     def metadata_key(self) -> str:
         return self.wheel_key + ".metadata"
 
     def to_json(self) -> bytes:
-        data = asdict(self)
+        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["variant"] = self.variant.key
         data["archs"] = None if self.archs is None else list(self.archs)
+        data["build"] = self.build.to_dict()
         return json.dumps(data, sort_keys=True, indent=1).encode()
 
     @classmethod
@@ -86,6 +89,8 @@ class Record:
         archs = data.get("archs")
         data["archs"] = None if archs is None else tuple(archs)
         data["project"] = canonicalize_name(data["project"])
+        data["variant"] = parse_variant(data["variant"])
+        data["build"] = BuildFacts.from_dict(data.get("build"))
         return cls(**data)
 
 
@@ -118,7 +123,7 @@ class Catalog:
         self._keys: set[str] = set()
         # base variant key -> project -> records (all archs)
         self._by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
-        self._variants: frozenset[str] = frozenset()
+        self._variants: frozenset[Variant] = frozenset()
         self._by_file: dict[tuple[str, str], Record] = {}
 
     @property
@@ -156,12 +161,11 @@ class Catalog:
         if gone:
             for projects in by_base.values():
                 for p, rs in projects.items():
-                    projects[p] = [r for r in rs if record_key(r.variant_obj.base, r.project,
+                    projects[p] = [r for r in rs if record_key(r.variant.base, r.project,
                                                                r.filename) not in gone]
         for key in sorted(new):
             try:
                 rec = Record.from_json(self.storage.get_bytes(key))
-                base_variant = rec.variant_obj.base
             except FileNotFoundError:
                 keys.discard(key)
                 continue
@@ -170,8 +174,7 @@ class Catalog:
                 # key, so it isn't re-read every refresh) rather than hide the whole catalog.
                 log.warning("skipping unreadable record %s: %s", key, exc)
                 continue
-            del base_variant
-            base = rec.variant_obj.base.key
+            base = rec.variant.base.key
             by_base.setdefault(base, {}).setdefault(rec.project, []).append(rec)
         for projects in by_base.values():
             for rs in projects.values():
@@ -190,13 +193,13 @@ class Catalog:
     def variants(self) -> list[Variant]:
         """Every index root that has something to list: base variants and narrowed ones."""
         self.maybe_refresh()
-        return sorted(parse_variant(k) for k in self._variants)
+        return sorted(self._variants)
 
     def projects(self, variant: Variant) -> list[NormalizedName]:
         self.maybe_refresh()
         projects = self._by_base.get(variant.base.key, {})
         if not variant.archs:
-            return sorted(p for p, rs in projects.items() if any(r.variant == variant.key
+            return sorted(p for p, rs in projects.items() if any(r.variant == variant
                                                                    for r in rs))
         return sorted(p for p in projects if self.files(variant, p))
 
@@ -212,7 +215,7 @@ class Catalog:
                 rank = _arch_rank(r, variant.archs)
                 if rank is None:
                     continue
-            elif r.variant == variant.key:
+            elif r.variant == variant:
                 rank = 0
             else:
                 continue

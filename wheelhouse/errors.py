@@ -6,6 +6,12 @@ Each subclasses the builtin that fits, so callers that only know Python still ca
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wheelhouse.buildfacts import BuildFacts
+
 
 class WheelhouseError(Exception):
     """Base of every error wheelhouse raises on purpose."""
@@ -43,6 +49,14 @@ class UpstreamUnavailable(WheelhouseError, OSError):
     """An upstream index could not be reached, answered an error, or sent no simple-index page."""
 
 
+class StorageUnavailable(StorageError):
+    """The storage backend is unreachable, timed out, throttled us or failed on its side.
+
+    Each storage backend raises this for its own errors (botocore's, the file system's), so
+    callers never see a vendor exception; another attempt may succeed.
+    """
+
+
 class InvalidRecipe(WheelhouseError, ValueError):
     """A recipe file that does not parse or names unknown settings."""
 
@@ -51,12 +65,50 @@ class UnservableSpec(WheelhouseError, LookupError):
     """No live worker of the fleet can build this spec (CUDA version and CPU architecture)."""
 
 
-class BuildFailed(WheelhouseError, RuntimeError):
-    """A build that failed; ``kind`` is a ``FailureKind`` value, ``reason`` one line for users."""
+class TokenError(WheelhouseError, ValueError):
+    """A token name or scope that is not allowed, or a name that is already taken."""
 
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(f"[{kind}] {reason}")
+
+class InfrastructureError(WheelhouseError, RuntimeError):
+    """A failure outside the build itself (network, index, installer): worth retrying."""
+
+
+class FailureKind(StrEnum):
+    """Why a build failed; decides whether it is retried and what the user is told."""
+
+    COMPILE_ERROR = "compile_error"
+    """The sources do not compile: not retried."""
+    OOM = "oom"
+    """A compile was killed for memory: retried once at half the MAX_JOBS."""
+    TIMEOUT = "timeout"
+    """The build ran past its deadline and was killed."""
+    INCOMPATIBLE = "incompatible"
+    """This combination cannot be built (C++ standard, toolkit, torch source): not retried."""
+    INFRASTRUCTURE = "infrastructure"
+    """Storage, network or Redis failed: retried with backoff."""
+    CANCELLED = "cancelled"
+    """Someone cancelled the build."""
+
+    @property
+    def retryable(self) -> bool:
+        return self in (FailureKind.INFRASTRUCTURE, FailureKind.OOM)
+
+    @classmethod
+    def parse(cls, value: object) -> FailureKind | None:
+        """The kind a job's meta names, or None for none or one this version doesn't know."""
+        try:
+            return cls(str(value)) if value is not None else None
+        except ValueError:
+            return None
+
+
+class BuildFailed(WheelhouseError, RuntimeError):
+    """A build that failed: why (``kind``), and one line for users (``reason``)."""
+
+    def __init__(self, kind: FailureKind, reason: str) -> None:
+        super().__init__(f"[{kind.value}] {reason}")
         self.kind = kind
         self.reason = reason
-        #: What the build had measured when it failed (seconds, reaped, governor pauses).
-        self.facts: dict[str, object] = {}
+        #: What the build had measured when it failed (seconds, reaped, governor pauses); set
+        #: by the builder on the way out.
+        self.facts: BuildFacts | None = None

@@ -14,7 +14,8 @@ from packaging.version import Version
 
 from wheelhouse.catalog import CLAIMS, RECORDS, WHEELS, Catalog, Record, record_key
 from wheelhouse.publish import bump_generation
-from wheelhouse.storage import ObjectInfo, Storage
+from wheelhouse.storage import Storage
+from wheelhouse.variants import Variant
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class Deletion:
     key: str
     size: int
     why: str
+    partial: bool = False
+    """A leftover of an interrupted write (``Storage.list_partials``), not an object."""
 
 
 def plan(
@@ -48,18 +51,16 @@ def plan(
     for obj in storage.list(WHEELS):
         if obj.key not in published and now - obj.mtime > leftover_age:
             out.append(Deletion(obj.key, obj.size, "unpublished leftover"))
-    partials = getattr(storage, "list_partials", None)
-    if partials is not None:
-        for obj in partials():
-            if isinstance(obj, ObjectInfo) and now - obj.mtime > leftover_age:
-                out.append(Deletion(obj.key, obj.size, "interrupted upload"))
+    for obj in storage.list_partials():
+        if now - obj.mtime > leftover_age:
+            out.append(Deletion(obj.key, obj.size, "interrupted upload", partial=True))
     if keep_versions is not None:
         out.extend(_prune(records, keep_versions))
     return out
 
 
 def _prune(records: list[Record], keep: int) -> list[Deletion]:
-    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    groups: dict[tuple[Variant, str], list[Record]] = defaultdict(list)
     for r in records:
         groups[(r.variant, r.project)].append(r)
     out = []
@@ -68,7 +69,7 @@ def _prune(records: list[Record], keep: int) -> list[Deletion]:
         doomed = set(versions[keep:])
         for r in rs:
             if Version(r.version).public in doomed:
-                base = r.variant_obj.base
+                base = r.variant.base
                 out.append(Deletion(record_key(base, r.project, r.filename), 0,
                                     f"older than the newest {keep} versions"))
                 out.append(Deletion(r.metadata_key, 0, f"metadata of pruned {r.filename}"))
@@ -82,28 +83,11 @@ def apply(storage: Storage, deletions: list[Deletion]) -> int:
     """Delete what :func:`plan` listed; records go first. Returns the number deleted."""
     ordered = sorted(deletions, key=lambda d: not d.key.startswith(RECORDS))
     for d in ordered:
-        if "?uploadId=" in d.key:
-            _abort_multipart(storage, d.key)
-        elif d.key.rsplit("/", 1)[-1].startswith(".tmp-"):
-            _delete_partial(storage, d.key)
+        if d.partial:
+            storage.delete_partial(d.key)
         else:
             storage.delete(d.key)
     if any(d.key.startswith(RECORDS) for d in ordered):
         bump_generation(storage)
     return len(ordered)
 
-
-def _abort_multipart(storage: Storage, key: str) -> None:
-    from wheelhouse.storage import S3Storage
-
-    assert isinstance(storage, S3Storage)
-    obj_key, upload_id = key.split("?uploadId=", 1)
-    storage.client.abort_multipart_upload(Bucket=storage.bucket, Key=storage.prefix + obj_key,
-                                          UploadId=upload_id)
-
-
-def _delete_partial(storage: Storage, key: str) -> None:
-    from wheelhouse.storage import LocalStorage
-
-    assert isinstance(storage, LocalStorage)
-    (storage.root / key).unlink(missing_ok=True)

@@ -12,8 +12,8 @@ import tempfile
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import CLAIMS, GENERATION_KEY, Record, record_key, wheel_key
 from wheelhouse.errors import AlreadyPublished, InvalidWheel
 from wheelhouse.storage import Storage
@@ -35,7 +35,7 @@ def publish(
     *,
     relabel_wheel: bool = False,
     archs: tuple[str, ...] | None = None,
-    build: dict[str, Any] | None = None,
+    build: BuildFacts | None = None,
 ) -> Record:
     """Validate ``path`` for ``variant`` and publish it; return its record.
 
@@ -68,7 +68,7 @@ def publish(
             filename=name.filename,
             project=name.project,
             version=str(name.version),
-            variant=variant.key,
+            variant=variant,
             archs=variant.archs or _known_archs(variant, archs),
             sha256=sha256_file(path),
             size=path.stat().st_size,
@@ -76,7 +76,7 @@ def publish(
             requires_python=meta.requires_python,
             upload_time=datetime.now(UTC).isoformat(timespec="milliseconds")
             .replace("+00:00", "Z"),
-            build=build or {},
+            build=build if build is not None else BuildFacts(),
         )
         rkey = record_key(variant.base, name.project, name.filename)
         try:

@@ -4,7 +4,8 @@ and scan RQ's registries (every build job at once; durations of finished builds)
 Jobs are enqueued by dotted path (``worker.jobs.run_build``), so the web never imports the
 worker. One spec has one deterministic job id: a second request finds the queued, running or
 finished job; a failed one is only re-run when asked to. The worker reports through the job's
-meta (phase, progress, MAX_JOBS, failure) and a capped Redis list (the live log).
+meta (phase, progress, MAX_JOBS, failure, the build's facts) and a capped Redis list (the live
+log).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, overload
 
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.buildspec import BuildSpec
-from wheelhouse.errors import UnservableSpec
+from wheelhouse.errors import FailureKind, UnservableSpec
 from wheelhouse.fleet import explain_unservable
+from wheelhouse.retry import ABANDONED_JOBS
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -63,7 +66,7 @@ class BuildStatus:
     phase: str | None = None
     progress: tuple[int, int] | None = None
     """Ninja's ``[N/M]``: (done, total)."""
-    failure_kind: str | None = None
+    failure_kind: FailureKind | None = None
     reason: str | None = None
     """One line: why it failed (or what it built)."""
     max_jobs: int | None = None
@@ -77,6 +80,8 @@ class BuildStatus:
     """Times are timezone-aware (UTC), whichever way RQ returned them."""
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    build: BuildFacts = field(default_factory=BuildFacts)
+    """What the build has measured so far (``meta["build"]``)."""
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -106,8 +111,8 @@ def state_of(job: Job) -> BuildState:
     """A job's build state; for jobs fetched in bulk as much as one by one."""
     status = job.get_status(refresh=False)
     state = _STATES.get(str(getattr(status, "value", status)), BuildState.QUEUED)
-    failure = job.meta.get("failure") or {}
-    if state is BuildState.FAILED and failure.get("kind") == "cancelled":
+    kind = FailureKind.parse((job.meta.get("failure") or {}).get("kind"))
+    if state is BuildState.FAILED and kind is FailureKind.CANCELLED:
         return BuildState.CANCELLED
     return state
 
@@ -149,9 +154,11 @@ def enqueue_build(
             job_id=job_id, unique=True, description=spec.describe(),
             job_timeout=timeout + RQ_TIMEOUT_MARGIN, result_ttl=KEEP_SECONDS,
             failure_ttl=KEEP_SECONDS,
-            # One retry, for a job abandoned by a worker that died; the worker refuses the retry
-            # for failures that another attempt can't fix (see worker.lifecycle.BuildWorker).
-            retry=Retry(max=1),
+            # For a job abandoned by a worker that died; the worker refuses the retry for
+            # failures that another attempt can't fix (see worker.lifecycle.BuildWorker).
+            retry=Retry(max=ABANDONED_JOBS.retries,
+                        interval=[int(ABANDONED_JOBS.delay(i))
+                                  for i in range(ABANDONED_JOBS.retries)]),
             meta={"spec": spec.to_dict(), "phase": "queued"},
         )
     except DuplicateJobError:
@@ -181,12 +188,12 @@ def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
     return BuildStatus(
         job_id=job_id, state=state, spec=meta.get("spec") or {}, phase=meta.get("phase"),
         progress=(int(progress[0]), int(progress[1])) if progress else None,
-        failure_kind=failure.get("kind"), reason=reason or meta.get("summary"),
+        failure_kind=FailureKind.parse(failure.get("kind")), reason=reason or meta.get("summary"),
         max_jobs=meta.get("max_jobs"), max_jobs_reason=meta.get("max_jobs_reason"),
         wheel=meta.get("wheel"), log_key=meta.get("log_key"), position=position,
         enqueued_at=_utc(job.enqueued_at), started_at=_utc(job.started_at),
         ended_at=_utc(job.ended_at),
-        meta=meta,
+        build=BuildFacts.from_dict(meta.get("build")), meta=meta,
     )
 
 

@@ -3,6 +3,8 @@
 Keys are ``/``-separated relative paths. Both implementations give the same guarantees:
 ``put_*`` is atomic per key (a reader sees the old object, or the whole new one), and
 ``put_bytes(..., exclusive=True)`` refuses to overwrite, which the publish protocol relies on.
+Each translates its own errors at the boundary (see :class:`Storage`): no botocore exception
+leaves this module.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from wheelhouse.errors import StorageError
+from wheelhouse.errors import StorageError, StorageUnavailable
+from wheelhouse.retry import S3_REQUESTS, RetryPolicy
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -46,7 +49,13 @@ class ObjectInfo:
 
 
 class Storage(ABC):
-    """The storage interface; see the module docstring for its guarantees."""
+    """The storage interface; see the module docstring for its guarantees.
+
+    Every backend raises only these for its own trouble: ``FileNotFoundError`` for a key that
+    is not there, ``FileExistsError`` for an exclusive write that lost, and
+    :class:`StorageUnavailable` for everything else (unreachable, timed out, throttled,
+    refused); a bad key is a ``ValueError``.
+    """
 
     @abstractmethod
     def put_file(self, key: str, path: Path) -> None: ...
@@ -72,7 +81,16 @@ class Storage(ABC):
         """Every object whose key starts with ``prefix``."""
 
     @abstractmethod
-    def delete(self, key: str) -> None: ...
+    def delete(self, key: str) -> None:
+        """Remove an object; removing one that is not there is fine."""
+
+    @abstractmethod
+    def list_partials(self) -> Iterator[ObjectInfo]:
+        """What interrupted writes left behind, for ``wheelhouse gc``; never listed as objects."""
+
+    @abstractmethod
+    def delete_partial(self, key: str) -> None:
+        """Remove one leftover that :meth:`list_partials` named."""
 
     def presigned_url(self, key: str, seconds: int) -> str | None:
         """A short-lived direct URL, where the backend has such a thing."""
@@ -80,7 +98,7 @@ class Storage(ABC):
 
     @abstractmethod
     def ping(self) -> None:
-        """Raise :class:`StorageError` unless the backend answers."""
+        """Raise :class:`StorageUnavailable` unless the backend answers."""
 
     def exists(self, key: str) -> bool:
         try:
@@ -96,6 +114,9 @@ class Storage(ABC):
                 f.write(chunk)
 
 
+_PARTIAL_PREFIX = ".tmp-"
+
+
 class LocalStorage(Storage):
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -103,20 +124,42 @@ class LocalStorage(Storage):
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
 
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        """The file system's errors as the storage interface promises them."""
+        try:
+            yield
+        except (FileNotFoundError, FileExistsError, StorageError):
+            raise
+        except (IsADirectoryError, NotADirectoryError):
+            # A folder, or a path through a file, is an object on neither backend; S3 answers
+            # 404 for "wheels".
+            raise FileNotFoundError(key) from None
+        except OSError as exc:
+            raise StorageUnavailable(
+                f"storage directory {self.root}: {op} {key}: {exc.strerror or exc}") from exc
+
     def _tmp(self, target: Path) -> tuple[int, str]:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        return tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".part")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            return tempfile.mkstemp(dir=target.parent, prefix=_PARTIAL_PREFIX, suffix=".part")
+        except OSError as exc:
+            # Also a file where a folder of the key should be: not "the key exists".
+            raise StorageUnavailable(
+                f"storage directory {self.root}: cannot write under {target.parent}: "
+                f"{exc.strerror or exc}") from exc
 
     def put_file(self, key: str, path: Path) -> None:
         target = self._path(key)
         fd, tmp = self._tmp(target)
         try:
-            with os.fdopen(fd, "wb") as out, path.open("rb") as src:
-                while chunk := src.read(_CHUNK):
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
+            with self._errors("write", key):
+                with os.fdopen(fd, "wb") as out, path.open("rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        out.write(chunk)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, target)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -125,31 +168,28 @@ class LocalStorage(Storage):
         target = self._path(key)
         fd, tmp = self._tmp(target)
         try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            if exclusive:
-                # link() fails if the target exists: an atomic create-if-absent.
-                os.link(tmp, target)
-            else:
-                os.replace(tmp, target)
+            with self._errors("write", key):
+                with os.fdopen(fd, "wb") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                if exclusive:
+                    # link() fails if the target exists: an atomic create-if-absent.
+                    os.link(tmp, target)
+                else:
+                    os.replace(tmp, target)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
 
     def get_bytes(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except IsADirectoryError:
-            raise FileNotFoundError(key) from None
+        path = self._path(key)
+        with self._errors("read", key):
+            return path.read_bytes()
 
     def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
-        try:
-            f = self._path(key).open("rb")
-        except IsADirectoryError:
-            raise FileNotFoundError(key) from None
-        with f:
+        path = self._path(key)
+        with self._errors("read", key), path.open("rb") as f:
             f.seek(start)
             left = stop - start
             while left > 0:
@@ -160,9 +200,10 @@ class LocalStorage(Storage):
                 yield chunk
 
     def stat(self, key: str) -> ObjectInfo:
-        st = self._path(key).stat()
+        path = self._path(key)
+        with self._errors("stat", key):
+            st = path.stat()
         if not _stat.S_ISREG(st.st_mode):
-            # A folder is an object on neither backend; S3 answers 404 for "wheels".
             raise FileNotFoundError(key)
         return ObjectInfo(key, st.st_size, st.st_mtime)
 
@@ -172,41 +213,73 @@ class LocalStorage(Storage):
         base = self._path(directory) if directory else self.root
         if not base.is_dir():
             return
-        for dirpath, _dirs, files in os.walk(base):
+        for full in self._walk(base, partials=False):
+            key = full.relative_to(self.root).as_posix()
+            if not key.startswith(prefix):
+                continue
+            try:
+                st = full.stat()
+            except FileNotFoundError:
+                continue
+            yield ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def _walk(self, base: Path, *, partials: bool) -> Iterator[Path]:
+        """Files below ``base``: the objects, or the temporary files of interrupted writes."""
+
+        def fail(exc: OSError) -> None:
+            if isinstance(exc, FileNotFoundError):
+                return  # removed while we walked: nothing to list there
+            raise StorageUnavailable(
+                f"storage directory {self.root}: cannot list {exc.filename}: "
+                f"{exc.strerror or exc}") from exc
+
+        for dirpath, _dirs, files in os.walk(base, onerror=fail):
             for name in files:
-                if name.startswith(".tmp-"):
-                    continue
-                full = Path(dirpath) / name
-                key = full.relative_to(self.root).as_posix()
-                if not key.startswith(prefix):
-                    continue
-                try:
-                    st = full.stat()
-                except FileNotFoundError:
-                    continue
-                yield ObjectInfo(key, st.st_size, st.st_mtime)
+                if name.startswith(_PARTIAL_PREFIX) == partials:
+                    yield Path(dirpath) / name
 
     def list_partials(self) -> Iterator[ObjectInfo]:
-        """Temporary files of interrupted writes, for ``wheelhouse gc``."""
         if not self.root.is_dir():
             return
-        for dirpath, _dirs, files in os.walk(self.root):
-            for name in files:
-                if name.startswith(".tmp-"):
-                    full = Path(dirpath) / name
-                    st = full.stat()
-                    yield ObjectInfo(full.relative_to(self.root).as_posix(), st.st_size,
-                                     st.st_mtime)
+        for full in self._walk(self.root, partials=True):
+            try:
+                st = full.stat()
+            except FileNotFoundError:
+                continue  # the write just finished
+            yield ObjectInfo(full.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
 
     def delete(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._path(key).unlink()
+        path = self._path(key)
+        with contextlib.suppress(FileNotFoundError), self._errors("delete", key):
+            path.unlink()
+
+    def delete_partial(self, key: str) -> None:
+        if not key.rpartition("/")[2].startswith(_PARTIAL_PREFIX):
+            raise ValueError(f"{key[:100]!r} is not a partial write")
+        self.delete(key)
 
     def ping(self) -> None:
-        if not self.root.exists():
+        try:
             self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageUnavailable(
+                f"storage directory {self.root} cannot be created: {exc.strerror or exc}"
+            ) from exc
         if not os.access(self.root, os.R_OK | os.W_OK):
-            raise StorageError(f"storage directory {self.root} is not readable and writable")
+            raise StorageUnavailable(
+                f"storage directory {self.root} is not readable and writable")
+
+
+#: S3 error codes that mean "no such key" (HEAD answers with the bare status).
+_MISSING = frozenset({"NoSuchKey", "404", "NotFound"})
+#: ... and that mean a conditional (create-if-absent) write found the key there.
+_PRECONDITION = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
+_UPLOAD_ID = "?uploadId="
+
+
+def _code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
 
 
 class S3Storage(Storage):
@@ -218,112 +291,145 @@ class S3Storage(Storage):
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
 
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str) -> Iterator[None]:
+        """botocore's and boto3's errors as the storage interface promises them."""
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            yield
+        except ClientError as exc:
+            code = _code(exc)
+            if code in _MISSING:
+                raise FileNotFoundError(key) from None
+            if code in _PRECONDITION:
+                raise FileExistsError(key) from None
+            message = exc.response.get("Error", {}).get("Message") or str(exc)
+            raise StorageUnavailable(
+                f"S3 bucket {self.bucket!r}: {op} {key}: {code or 'error'}: {message}"
+            ) from exc
+        except (BotoCoreError, Boto3Error) as exc:
+            # Connection refused or reset, timeouts, throttling and 5xx past botocore's own
+            # retries, and upload_file's wrapper around any of them.
+            raise StorageUnavailable(f"S3 bucket {self.bucket!r}: {op} {key}: {exc}") from exc
+
     def put_file(self, key: str, path: Path) -> None:
+        full = self._key(key)
         # upload_file switches to multipart for big wheels; a multipart object only becomes
         # visible when complete, so readers never see a partial one.
-        self.client.upload_file(str(path), self.bucket, self._key(key))
+        with self._errors("upload", key):
+            self.client.upload_file(str(path), self.bucket, full)
 
     def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
-        from botocore.exceptions import ClientError
-
+        full = self._key(key)
         extra: dict[str, Any] = {"IfNoneMatch": "*"} if exclusive else {}
-        try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                raise FileExistsError(key) from None
-            raise
+        with self._errors("put", key):
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
 
     def get_bytes(self, key: str) -> bytes:
-        from botocore.exceptions import ClientError
-
-        try:
-            obj = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                raise FileNotFoundError(key) from None
-            raise
-        return obj["Body"].read()
+        full = self._key(key)
+        with self._errors("get", key):
+            obj = self.client.get_object(Bucket=self.bucket, Key=full)
+            return obj["Body"].read()
 
     def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
         from botocore.exceptions import ClientError
 
+        full = self._key(key)
         if stop <= start:
             return
-        try:
-            obj = self.client.get_object(
-                Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{stop - 1}"
-            )
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "404"):
-                raise FileNotFoundError(key) from None
-            if code == "InvalidRange":
-                return  # start at or past the end: nothing, as a local file gives
-            raise
-        body = obj["Body"]
-        try:
-            yield from body.iter_chunks(_CHUNK)
-        finally:
-            body.close()
+        with self._errors("get", key):
+            try:
+                obj = self.client.get_object(
+                    Bucket=self.bucket, Key=full, Range=f"bytes={start}-{stop - 1}")
+            except ClientError as exc:
+                if _code(exc) == "InvalidRange":
+                    return  # start at or past the end: nothing, as a local file gives
+                raise
+            body = obj["Body"]
+            try:
+                yield from body.iter_chunks(_CHUNK)
+            finally:
+                body.close()
 
     def stat(self, key: str) -> ObjectInfo:
-        from botocore.exceptions import ClientError
-
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                raise FileNotFoundError(key) from None
-            raise
+        full = self._key(key)
+        with self._errors("head", key):
+            head = self.client.head_object(Bucket=self.bucket, Key=full)
         return ObjectInfo(key, head["ContentLength"], head["LastModified"].timestamp())
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
-            for obj in page.get("Contents", []):
-                yield ObjectInfo(
-                    obj["Key"][len(self.prefix):], obj["Size"], obj["LastModified"].timestamp()
-                )
+        with self._errors("list", prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(obj["Key"][len(self.prefix):], obj["Size"],
+                                     obj["LastModified"].timestamp())
 
     def list_partials(self) -> Iterator[ObjectInfo]:
-        """Unfinished multipart uploads, for ``wheelhouse gc``."""
-        resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix)
-        for up in resp.get("Uploads", []):
-            yield ObjectInfo(
-                up["Key"][len(self.prefix):] + "?uploadId=" + up["UploadId"], 0,
-                up["Initiated"].timestamp(),
-            )
+        """Unfinished multipart uploads, each as ``<key>?uploadId=<id>``."""
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        with self._errors("list uploads", self.prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for up in page.get("Uploads", []):
+                    yield ObjectInfo(up["Key"][len(self.prefix):] + _UPLOAD_ID + up["UploadId"],
+                                     0, up["Initiated"].timestamp())
 
     def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        full = self._key(key)
+        with contextlib.suppress(FileNotFoundError), self._errors("delete", key):
+            self.client.delete_object(Bucket=self.bucket, Key=full)
+
+    def delete_partial(self, key: str) -> None:
+        """Abort an unfinished multipart upload that :meth:`list_partials` named."""
+        from botocore.exceptions import ClientError
+
+        obj_key, sep, upload_id = key.partition(_UPLOAD_ID)
+        if not sep or not upload_id:
+            raise ValueError(f"{key[:100]!r} is not an unfinished upload")
+        full = self._key(obj_key)
+        with self._errors("abort upload", obj_key):
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full,
+                                                   UploadId=upload_id)
+            except ClientError as exc:
+                if _code(exc) != "NoSuchUpload":  # finished or aborted meanwhile: gone anyway
+                    raise
 
     def presigned_url(self, key: str, seconds: int) -> str | None:
-        return self.client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
-            ExpiresIn=seconds,
-        )
+        full = self._key(key)
+        with self._errors("presign", key):
+            return self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": full}, ExpiresIn=seconds)
 
     def ping(self) -> None:
+        from boto3.exceptions import Boto3Error
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             self.client.head_bucket(Bucket=self.bucket)
-        except (BotoCoreError, ClientError) as exc:
-            raise StorageError(f"S3 bucket {self.bucket!r} is not reachable: {exc}") from None
+        except (BotoCoreError, ClientError, Boto3Error) as exc:
+            # Here a 404 is a missing bucket: the storage itself is not there.
+            raise StorageUnavailable(
+                f"S3 bucket {self.bucket!r} is not reachable: {exc}") from None
 
 
-def make_s3_client(config: Config, *, timeout: float | None = None) -> S3Client:
-    """A boto3 S3 client from configuration and the usual ``AWS_*`` environment."""
+def make_s3_client(config: Config, *, policy: RetryPolicy = S3_REQUESTS) -> S3Client:
+    """A boto3 S3 client from configuration and the usual ``AWS_*`` environment.
+
+    ``policy`` sets botocore's attempts per request and, where it has one, the connect and
+    read timeout of each.
+    """
     import boto3
     from botocore.config import Config as BotoConfig
 
-    opts: dict[str, Any] = {"retries": {"mode": "standard", "total_max_attempts": 4},
-                            "signature_version": "s3v4"}
-    if timeout is not None:
-        opts.update(connect_timeout=timeout, read_timeout=timeout,
-                    retries={"mode": "standard", "total_max_attempts": 1})
+    opts: dict[str, Any] = {
+        "retries": {"mode": "standard", "total_max_attempts": policy.attempts},
+        "signature_version": "s3v4",
+    }
+    if policy.timeout is not None:
+        opts.update(connect_timeout=policy.timeout, read_timeout=policy.timeout)
     return boto3.client(
         "s3", endpoint_url=config.s3_endpoint_url, config=BotoConfig(**opts)
     )

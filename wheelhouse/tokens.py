@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wheelhouse.errors import WheelhouseError
+from wheelhouse.errors import TokenError
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -33,10 +33,6 @@ DEFAULT_SCOPES: tuple[str, ...] = ("build", "read")
 TOKEN_MARK = "whk_"  # noqa: S105 (a public prefix)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _TOKEN = re.compile(r"whk_[A-Za-z0-9_-]{43}")
-
-
-class TokenError(WheelhouseError, ValueError):
-    """A token name or scope that is not allowed, or a name that is already taken."""
 
 
 @dataclass(frozen=True)

@@ -19,30 +19,38 @@ import subprocess
 import time
 import uuid
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 
-from wheelhouse.buildspec import BuildSpec, FailureKind
+from wheelhouse.buildfacts import BuildFacts, Reaped
+from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Record, record_key
 from wheelhouse.config import Config
-from wheelhouse.errors import AlreadyPublished, BuildFailed, InvalidWheel, WheelhouseError
+from wheelhouse.errors import (
+    AlreadyPublished,
+    BuildFailed,
+    FailureKind,
+    InfrastructureError,
+    InvalidWheel,
+    StorageError,
+    WheelhouseError,
+)
 from wheelhouse.fleet import ToolkitInfo, pick_toolkit
 from wheelhouse.maxjobs import GIB, MaxJobs, decide, record_peaks, reserve_bytes
 from wheelhouse.publish import publish
 from wheelhouse.recipes import Recipe, load_recipe
+from wheelhouse.retry import BUILD_STEPS, LOG_UPLOAD, OOM_COMPILE, RetryPolicy
 from wheelhouse.storage import Storage
 from wheelhouse.wheels import check_consistent, parse_name, relabel
 from worker.capabilities import discover_toolkits, usable_cores
-from worker.failures import Classified, InfrastructureError, classify_log, with_retries
+from worker.failures import Classified, classify_log, with_retries
 from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess, Outcome
 from worker.sdist import download_sdist, find_sdist, unpack
 
-T = TypeVar("T")
 _PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
 #: Variables a build may see from the worker's environment; everything else is dropped.
 _KEEP_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
@@ -82,6 +90,9 @@ class Reporter:
     def note(self, **fields: Any) -> None:
         """Facts for the build page: max_jobs, max_jobs_reason, toolkit, torch."""
 
+    def facts(self, facts: BuildFacts) -> None:
+        """What the build has measured so far (after each program it ran)."""
+
     def should_cancel(self) -> bool:
         return False
 
@@ -94,7 +105,7 @@ class BuildResult:
     max_jobs: MaxJobs | None = None
     log_key: str | None = None
     seconds: float = 0.0
-    build: dict[str, Any] = field(default_factory=dict)
+    build: BuildFacts = field(default_factory=BuildFacts)
 
 
 def sanitized_env(environ: dict[str, str] | os._Environ[str], *, install: bool = False
@@ -163,7 +174,7 @@ class Builder:
     def __init__(self, spec: BuildSpec, *, config: Config, storage: Storage, reporter: Reporter,
                  source: Path | None, timeout: float, build_id: str,
                  max_jobs: int | None, toolkits: list[ToolkitInfo] | None,
-                 keep_workspace: bool) -> None:
+                 keep_workspace: bool, retry: RetryPolicy) -> None:
         self.spec = spec
         self.config = config
         self.storage = storage
@@ -175,12 +186,13 @@ class Builder:
         self.max_jobs_override = max_jobs
         self.toolkits = toolkits
         self.keep_workspace = keep_workspace
+        self.retry = retry
         self.recipe: Recipe = load_recipe(
             spec.project, [d for d in config.recipe_dirs.split(":") if d])
         self.workspace = Path(config.workspace).resolve() / f"{build_id}-{uuid.uuid4().hex[:8]}"
         self.log = _Log(self.workspace / "build.log", reporter)
-        self.facts: dict[str, Any] = {"build_id": build_id, "recipe": self.recipe.name,
-                                      "host": socket.gethostname()}
+        self.facts = BuildFacts(build_id=build_id, recipe=self.recipe.name,
+                                host=socket.gethostname())
         self.job_peaks: list[int] = []
 
     # -- running programs --
@@ -215,17 +227,18 @@ class Builder:
         self.log.pump()
         if governor is not None:
             self.job_peaks = governor.job_peaks
-            self.facts["peak_tree_bytes"] = governor.peak_tree_rss
-            self.facts["governor_pauses"] = governor.pauses
+            self.facts.peak_tree_bytes = governor.peak_tree_rss
+            self.facts.governor_pauses = governor.pauses
         if outcome.reap is not None:
-            self.facts["reaped"] = {"processes": outcome.reap.processes,
-                                    "signals": outcome.reap.signals,
-                                    "seconds": round(outcome.reap.seconds, 2),
-                                    "survivors": outcome.reap.survivors}
+            self.facts.reaped = Reaped(processes=outcome.reap.processes,
+                                       signals=tuple(outcome.reap.signals),
+                                       seconds=round(outcome.reap.seconds, 2),
+                                       survivors=outcome.reap.survivors)
+        self.reporter.facts(self.facts)
         if outcome.cancelled:
-            raise BuildFailed(FailureKind.CANCELLED.value, f"cancelled during {what}")
+            raise BuildFailed(FailureKind.CANCELLED, f"cancelled during {what}")
         if outcome.timed_out:
-            raise BuildFailed(FailureKind.TIMEOUT.value,
+            raise BuildFailed(FailureKind.TIMEOUT,
                               f"the build ran past its {self.timeout:.0f} s deadline during "
                               f"{what} and was killed")
         return outcome, governor
@@ -237,7 +250,7 @@ class Builder:
             outcome, _ = self._run(argv, env=env, cwd=self.workspace, what=what)
             self._check(outcome, what)
 
-        with_retries(what, attempt, log=self.log.write)
+        with_retries(self.retry, what, attempt, say=self.log.write)
 
     def _check(self, outcome: Outcome, what: str) -> None:
         if outcome.returncode != 0:
@@ -263,29 +276,38 @@ class Builder:
             wheel = self._compile(src, python, toolkit, jobs)
             wheel = self._check_wheel(wheel, python)
             record = self._publish(wheel, started)
-            self.facts["seconds"] = round(time.monotonic() - started, 1)
+            self.facts.seconds = round(time.monotonic() - started, 1)
             self._store_log()
             return BuildResult(self.spec, record, max_jobs=jobs, log_key=log_key(self.spec),
                                seconds=time.monotonic() - started, build=self.facts)
+        except (StorageError, InfrastructureError) as exc:
+            # Storage trouble outside a retried step (e.g. the learned memory figures): the
+            # same class of failure as a retried step that ran out of attempts.
+            failed = BuildFailed(FailureKind.INFRASTRUCTURE, str(exc))
+            self._fail(failed, started)
+            raise failed from exc
         except BuildFailed as exc:
-            self.log.write(f"FAILED [{exc.kind}]: {exc.reason}")
-            self._store_log()
-            exc.facts = {**self.facts, "seconds": round(time.monotonic() - started, 1)}
+            self._fail(exc, started)
             raise
         finally:
             if not self.keep_workspace:
                 shutil.rmtree(self.workspace, ignore_errors=True)
+
+    def _fail(self, exc: BuildFailed, started: float) -> None:
+        self.log.write(f"FAILED [{exc.kind.value}]: {exc.reason}")
+        self._store_log()
+        exc.facts = replace(self.facts, seconds=round(time.monotonic() - started, 1))
 
     def _already_published(self) -> Record | None:
         key = record_key(self.spec.variant.base, self.spec.project, self.spec.expected_wheel_name)
 
         def look() -> Record | None:
             try:
-                return Record.from_json(_storage_call(lambda: self.storage.get_bytes(key)))
+                return Record.from_json(self.storage.get_bytes(key))
             except FileNotFoundError:
                 return None
 
-        return with_retries("reading storage", look, log=self.log.write)
+        return with_retries(self.retry, "reading storage", look, say=self.log.write)
 
     def _toolkit(self) -> ToolkitInfo:
         self.reporter.phase("toolkit")
@@ -293,11 +315,11 @@ class Builder:
         toolkit = pick_toolkit(toolkits, self.spec.cuda)
         if toolkit is None:
             found = ", ".join(f"{t.cuda} ({t.home})" for t in toolkits) or "none"
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+            raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"no CUDA {self.spec.cuda.split('.')[0]}.x toolkit of version "
                               f"{self.spec.cuda} or newer on this host; found: {found}")
         self.log.write(f"CUDA toolkit {toolkit.release} at {toolkit.home}")
-        self.facts["toolkit"] = toolkit.release
+        self.facts.toolkit = toolkit.release
         self.reporter.note(toolkit=toolkit.release)
         return toolkit
 
@@ -309,19 +331,19 @@ class Builder:
         else:
             index = self.config.upstream
             if index == "off":
-                raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                raise BuildFailed(FailureKind.INCOMPATIBLE,
                                   "no upstream index is configured, so the sdist must be given")
             link = with_retries(
-                "looking up the sdist",
+                self.retry, "looking up the sdist",
                 lambda: find_sdist(index, self.spec.project, self.spec.version),
-                log=self.log.write)
+                say=self.log.write)
             self.log.write(f"source: {link.url} (sha256 {link.sha256})")
-            sdist = with_retries("downloading the sdist",
+            sdist = with_retries(self.retry, "downloading the sdist",
                                  lambda: download_sdist(link, self.workspace / "sdist"),
-                                 log=self.log.write)
+                                 say=self.log.write)
             self.log.write(f"sha256 verified: {sdist.name}")
-            self.facts["sdist_sha256"] = link.sha256
-        self.facts["sdist"] = sdist.name
+            self.facts.sdist_sha256 = link.sha256
+        self.facts.sdist = sdist.name
         return unpack(sdist, self.workspace / "src")
 
     def _install_env(self) -> dict[str, str]:
@@ -333,7 +355,7 @@ class Builder:
         self.reporter.phase("venv")
         uv = shutil.which("uv")
         if uv is None:
-            raise BuildFailed(FailureKind.INFRASTRUCTURE.value, "uv is not installed on the worker")
+            raise BuildFailed(FailureKind.INFRASTRUCTURE, "uv is not installed on the worker")
         venv = self.workspace / "venv"
         env = self._install_env()
         self._run_checked([uv, "venv", "--seed", "--clear", "--python", self.spec.python,
@@ -360,19 +382,19 @@ class Builder:
                              env=sanitized_env(os.environ), cwd=self.workspace, timeout=300,
                              check=False)
         if out.returncode != 0:
-            raise BuildFailed(FailureKind.INFRASTRUCTURE.value,
+            raise BuildFailed(FailureKind.INFRASTRUCTURE,
                               f"torch does not import in the build venv: "
                               f"{(out.stderr.strip().splitlines() or [''])[-1][:300]}")
         info = json.loads(out.stdout.strip().splitlines()[-1])
         self.log.write(f"torch {info['version']} (CUDA {info['cuda']}, cxx11abi {info['abi']})")
-        self.facts["torch"] = info["version"]
+        self.facts.torch = info["version"]
         self.reporter.note(torch=info["version"])
         if info["cuda"] != self.spec.cuda:
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+            raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"the configured torch source gave torch {info['version']} built "
                               f"for CUDA {info['cuda'] or 'none (CPU)'}, not {self.spec.cuda}")
         if info["abi"] != self.spec.cxx11abi:
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+            raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"torch {info['version']} uses cxx11abi={int(info['abi'])}, the "
                               f"spec asks for {int(self.spec.cxx11abi)}")
 
@@ -396,7 +418,7 @@ class Builder:
         if not real_ninja.exists():
             found = shutil.which("ninja")
             if found is None:
-                raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                raise BuildFailed(FailureKind.INCOMPATIBLE,
                                   "ninja is neither in the recipe's requirements nor installed")
             real_ninja = Path(found)
         wrapper = probe_bin / "ninja"
@@ -422,11 +444,11 @@ class Builder:
 
     def _compile(self, src: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs) -> Path:
         dist = self.workspace / "dist"
-        for attempt in (1, 2):
+        for attempt in range(1, OOM_COMPILE.attempts + 1):
             self.reporter.phase("compile")
             self.reporter.note(max_jobs=jobs.jobs, max_jobs_reason=jobs.reason)
             self.log.write(jobs.reason)
-            self.facts["max_jobs"] = jobs.to_dict()
+            self.facts.max_jobs = jobs
             env = self._build_env(python, toolkit, jobs)
             shutil.rmtree(dist, ignore_errors=True)
             argv = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
@@ -441,7 +463,7 @@ class Builder:
             found: Classified = classify_log(tail, self.spec, oom=oom)
             if found.kind is FailureKind.OOM:
                 self._learn()
-                if attempt == 1 and jobs.jobs > 1:
+                if attempt < OOM_COMPILE.attempts and jobs.jobs > 1:
                     half = max(1, jobs.jobs // 2)
                     self.log.write(f"{found.reason}; retrying once with MAX_JOBS={half}")
                     jobs = MaxJobs(**{**jobs.to_dict(), "jobs": half,
@@ -452,7 +474,7 @@ class Builder:
         self._learn()
         wheels = sorted(dist.glob("*.whl"))
         if len(wheels) != 1:
-            raise BuildFailed(FailureKind.COMPILE_ERROR.value,
+            raise BuildFailed(FailureKind.COMPILE_ERROR,
                               f"the build produced {len(wheels)} wheels, expected one")
         return wheels[0]
 
@@ -465,7 +487,7 @@ class Builder:
         except (OSError, WheelhouseError) as exc:
             self.log.write(f"could not record memory statistics: {exc}")
             return
-        self.facts["peak_job_bytes"] = max(self.job_peaks)
+        self.facts.peak_job_bytes = max(self.job_peaks)
         self.log.write(f"peak compile job: {max(self.job_peaks) / GIB:.2f} GiB "
                        f"({(per_thread or 0) / GIB:.2f} GiB per nvcc thread)")
 
@@ -483,21 +505,21 @@ class Builder:
                 self.log.write(f"relabelled into {wheel.name}")
             check_consistent(wheel, name)
         except InvalidWheel as exc:
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value, str(exc)) from None
+            raise BuildFailed(FailureKind.INCOMPATIBLE, str(exc)) from None
         if name.version != spec.wheel_version:
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+            raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"built {name.project} {name.version}, expected {spec.wheel_version}"
                               f" (does the recipe put the label into METADATA?)")
         if not spec.tags_match(name.tags):
             tags = ", ".join(sorted(str(t) for t in name.tags))
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+            raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"{wheel.name} has tags {tags}, which don't serve Python "
                               f"{spec.python} on {spec.machine}")
         modules = extension_modules(wheel)
         missing = [m for m in self.recipe.import_check if m not in modules]
         if not modules or missing:
             what = ", ".join(missing) if missing else "any compiled extension"
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+            raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"{wheel.name} lacks {what}; the CUDA build was skipped")
         self._import_check(wheel, python, modules)
         return wheel
@@ -518,20 +540,20 @@ class Builder:
                                cwd=check_dir, what="the import check")
         if outcome.returncode != 0:
             tail = [line for line in self.log.tail(20_000).splitlines() if line.strip()]
-            raise BuildFailed(FailureKind.COMPILE_ERROR.value,
+            raise BuildFailed(FailureKind.COMPILE_ERROR,
                               f"the built extension does not load: {(tail or [''])[-1][:300]}")
         self.log.write(f"import check passed: {', '.join(modules)}")
 
     def _publish(self, wheel: Path, started: float) -> Record:
         self.reporter.phase("publish")
-        self.facts["seconds"] = round(time.monotonic() - started, 1)
-        self.facts["log_key"] = log_key(self.spec)
+        self.facts.seconds = round(time.monotonic() - started, 1)
+        self.facts.log_key = log_key(self.spec)
         archs = self.recipe.archs_for(self.spec.variant)
 
         def attempt() -> Record:
             try:
-                return _storage_call(lambda: publish(self.storage, wheel, self.spec.variant,
-                                                     archs=archs, build=dict(self.facts)))
+                return publish(self.storage, wheel, self.spec.variant, archs=archs,
+                               build=replace(self.facts))
             except AlreadyPublished:
                 existing = self._already_published()
                 if existing is None:
@@ -539,9 +561,9 @@ class Builder:
                 return existing
 
         try:
-            record = with_retries("publishing", attempt, log=self.log.write)
+            record = with_retries(self.retry, "publishing", attempt, say=self.log.write)
         except InvalidWheel as exc:
-            raise BuildFailed(FailureKind.INCOMPATIBLE.value, str(exc)) from None
+            raise BuildFailed(FailureKind.INCOMPATIBLE, str(exc)) from None
         self.log.write(f"published {record.filename} into {self.spec.variant.key}")
         return record
 
@@ -549,22 +571,10 @@ class Builder:
         if not self.log.path.exists():
             return
         try:
-            with_retries("storing the log", lambda: _storage_call(
-                lambda: self.storage.put_file(log_key(self.spec), self.log.path)),
-                attempts=2, delays=(2,))
+            with_retries(LOG_UPLOAD, "storing the log",
+                         lambda: self.storage.put_file(log_key(self.spec), self.log.path))
         except BuildFailed:
             return  # the log is a convenience; the build's own outcome stands
-
-
-def _storage_call(fn: Callable[[], T]) -> T:
-    """Run a storage operation; botocore's errors (not OSErrors) become infrastructure errors."""
-    from boto3.exceptions import Boto3Error
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return fn()
-    except (BotoCoreError, ClientError, Boto3Error) as exc:
-        raise InfrastructureError(f"storage: {exc}") from exc
 
 
 def _pyproject_requires(src: Path) -> list[str]:
@@ -615,15 +625,17 @@ def run_build(
     max_jobs: int | None = None,
     toolkits: list[ToolkitInfo] | None = None,
     keep_workspace: bool = False,
+    retry: RetryPolicy = BUILD_STEPS,
 ) -> BuildResult:
     """Build ``spec`` and publish it; raise :class:`BuildFailed` with a classified reason.
 
     ``build_id`` is the cookie every process of the build carries (the RQ job id in the
-    worker); ``toolkits`` defaults to what this host has.
+    worker); ``toolkits`` defaults to what this host has; ``retry`` is the policy of the steps
+    that talk to the network and storage.
     """
     return Builder(
         spec, config=config, storage=storage, reporter=reporter or Reporter(), source=source,
         timeout=float(timeout if timeout is not None else config.build_timeout),
         build_id=build_id or spec.job_id, max_jobs=max_jobs, toolkits=toolkits,
-        keep_workspace=keep_workspace,
+        keep_workspace=keep_workspace, retry=retry,
     ).run()

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from wheelhouse.buildspec import BuildSpec, FailureKind
-from wheelhouse.errors import BuildFailed
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.errors import BuildFailed, FailureKind
+from wheelhouse.retry import RetryPolicy
 
 T = TypeVar("T")
 
@@ -24,7 +25,7 @@ class Classified:
     reason: str
 
     def error(self) -> BuildFailed:
-        return BuildFailed(self.kind.value, self.reason)
+        return BuildFailed(self.kind, self.reason)
 
 
 _INCOMPATIBLE: list[tuple[re.Pattern[str], str]] = [
@@ -86,28 +87,13 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-class InfrastructureError(Exception):
-    """A failure outside the build itself (network, storage, Redis): worth retrying."""
-
-
-def with_retries(
-    what: str, fn: Callable[[], T], *, attempts: int = 4, delays: tuple[float, ...] = (2, 10, 30),
-    log: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """Call ``fn``; on :class:`InfrastructureError` or ``OSError``, back off and try again.
-
-    After the last attempt the failure becomes an ``infrastructure`` :class:`BuildFailed`.
-    """
-    last: BaseException | None = None
-    for attempt in range(attempts):
-        try:
-            return fn()
-        except (InfrastructureError, OSError) as exc:
-            last = exc
-            if attempt + 1 < attempts:
-                delay = delays[min(attempt, len(delays) - 1)]
-                if log is not None:
-                    log(f"wheelhouse: {what} failed ({exc}); retrying in {delay:g}s")
-                sleep(delay)
-    raise BuildFailed(FailureKind.INFRASTRUCTURE.value,
-                      f"{what} failed after {attempts} attempts: {last}")
+def with_retries(policy: RetryPolicy, what: str, fn: Callable[[], T], *,
+                 say: Callable[[str], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """Call ``fn`` under ``policy``; once its attempts are spent, the last error becomes an
+    ``infrastructure`` :class:`BuildFailed` (which RQ's retry of the job then honours)."""
+    try:
+        return policy.run(what, fn, say=say, sleep=sleep)
+    except policy.retry_on as exc:
+        raise BuildFailed(FailureKind.INFRASTRUCTURE,
+                          f"{what} failed after {policy.attempts} attempts: {exc}") from exc

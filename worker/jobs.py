@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed
@@ -80,20 +81,23 @@ class RedisReporter(build.Reporter):
         except RedisError:
             return False
 
+    def facts(self, facts: BuildFacts) -> None:
+        self.job.meta["build"] = facts.to_dict()
+        self._save(force=True)
+
     def finish(self, **fields: Any) -> None:
         self.job.meta.update(fields)
         self._save(force=True)
 
 
-def _count(conn: Redis, state: str, facts: dict[str, Any]) -> None:
+def _count(conn: Redis, state: str, facts: BuildFacts) -> None:
     """Fleet-wide counters for ``/metrics``; a Redis hiccup must not fail the build."""
     from redis.exceptions import RedisError
 
-    reaped = facts.get("reaped")
     try:
-        record_build(conn, state=state, seconds=float(facts.get("seconds") or 0.0),
-                     reaped=int(reaped["processes"]) if isinstance(reaped, dict) else 0,
-                     pauses=int(facts.get("governor_pauses") or 0))
+        record_build(conn, state=state, seconds=facts.seconds or 0.0,
+                     reaped=facts.reaped.processes if facts.reaped is not None else 0,
+                     pauses=facts.governor_pauses or 0)
     except RedisError as exc:
         log.warning("could not count the build in Redis: %s", exc)
 
@@ -119,16 +123,17 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
             build_id=build_id_prefix(job.connection) + job.id,
         )
     except BuildFailed as exc:
-        reporter.finish(phase="failed", failure={"kind": exc.kind, "reason": exc.reason},
-                        log_key=build.log_key(spec))
-        _count(job.connection, exc.kind, exc.facts)
+        facts = exc.facts or BuildFacts()
+        reporter.finish(phase="failed", failure={"kind": exc.kind.value, "reason": exc.reason},
+                        log_key=build.log_key(spec), build=facts.to_dict())
+        _count(job.connection, exc.kind.value, facts)
         raise
     if not result.already_published:
         _count(job.connection, "built", result.build)
     summary = ("already published" if result.already_published
                else f"built in {result.seconds:.0f} s")
     reporter.finish(phase="published", wheel=result.record.filename, summary=summary,
-                    log_key=result.log_key)
-    return {"wheel": result.record.filename, "variant": result.record.variant,
+                    log_key=result.log_key, build=result.build.to_dict())
+    return {"wheel": result.record.filename, "variant": result.record.variant.key,
             "sha256": result.record.sha256, "already_published": result.already_published,
             "seconds": round(result.seconds, 1)}

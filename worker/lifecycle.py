@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wheelhouse.buildspec import FailureKind
 from wheelhouse.config import Config
+from wheelhouse.errors import FailureKind
 from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
 
 if TYPE_CHECKING:

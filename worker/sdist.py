@@ -14,10 +14,8 @@ from urllib.parse import urlsplit
 from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 from packaging.version import Version
 
-from wheelhouse.buildspec import FailureKind
-from wheelhouse.errors import BuildFailed, UpstreamUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, UpstreamUnavailable
 from wheelhouse.upstream import ProjectFile, fetch_project
-from worker.failures import InfrastructureError
 
 _CHUNK = 1024 * 1024
 MAX_SDIST_BYTES = 2 * 1024**3
@@ -26,7 +24,7 @@ MAX_SDIST_BYTES = 2 * 1024**3
 def _request(url: str) -> urllib.request.Request:
     """A request for a file URL; only http(s) and file URLs are ever opened."""
     if urlsplit(url).scheme not in ("http", "https", "file"):
-        raise BuildFailed(FailureKind.INCOMPATIBLE.value, f"refusing to fetch {url[:200]!r}")
+        raise BuildFailed(FailureKind.INCOMPATIBLE, f"refusing to fetch {url[:200]!r}")
     return urllib.request.Request(url, headers={"User-Agent": "wheelhouse-worker"})  # noqa: S310
 
 
@@ -48,7 +46,7 @@ def find_sdist(index_url: str, project: str, version: str, *,
         if sname == name and sversion == wanted:
             matches.append(link)
     if not matches:
-        raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+        raise BuildFailed(FailureKind.INCOMPATIBLE,
                           f"{project} {version} has no sdist on {index_url}")
     matches.sort(key=lambda link: not link.filename.endswith(".tar.gz"))
     return matches[0]
@@ -57,11 +55,11 @@ def find_sdist(index_url: str, project: str, version: str, *,
 def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0) -> Path:
     """Download and check the sha256 the index published; refuse a source without one."""
     if link.sha256 is None:
-        raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+        raise BuildFailed(FailureKind.INCOMPATIBLE,
                           f"the index publishes no sha256 for {link.filename}; refusing to "
                           "build unverified source")
     if "/" in link.filename or link.filename.startswith("."):
-        raise BuildFailed(FailureKind.INCOMPATIBLE.value, f"bad sdist name {link.filename!r}")
+        raise BuildFailed(FailureKind.INCOMPATIBLE, f"bad sdist name {link.filename!r}")
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / link.filename
     part = dest.with_name(dest.name + ".part")
@@ -73,7 +71,7 @@ def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0)
             while chunk := resp.read(_CHUNK):
                 size += len(chunk)
                 if size > MAX_SDIST_BYTES:
-                    raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                    raise BuildFailed(FailureKind.INCOMPATIBLE,
                                       f"{link.filename} is larger than 2 GiB")
                 digest.update(chunk)
                 out.write(chunk)
@@ -102,18 +100,18 @@ def unpack(sdist: Path, dest: Path) -> Path:
             for member in zf.infolist():
                 target = (dest / member.filename).resolve()
                 if not target.is_relative_to(root):
-                    raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+                    raise BuildFailed(FailureKind.INCOMPATIBLE,
                                       f"{sdist.name}: member {member.filename!r} escapes")
             zf.extractall(dest)  # noqa: S202 (every member checked above)
     elif sdist.is_dir():
         shutil.copytree(sdist, dest / sdist.name)
     else:
-        raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+        raise BuildFailed(FailureKind.INCOMPATIBLE,
                           f"{sdist.name} is not an sdist (.tar.gz or .zip)")
     entries = [p for p in dest.iterdir() if not p.name.startswith(".")]
     if len(entries) == 1 and entries[0].is_dir():
         return entries[0]
     if (dest / "setup.py").exists() or (dest / "pyproject.toml").exists():
         return dest
-    raise BuildFailed(FailureKind.INCOMPATIBLE.value,
+    raise BuildFailed(FailureKind.INCOMPATIBLE,
                       f"{sdist.name} does not unpack into one project directory")

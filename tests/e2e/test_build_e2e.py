@@ -30,9 +30,9 @@ import redis
 from tests.helpers import clean_env, config_env, make_venv, start_index
 from tests.worker.conftest import CUDAEXT, TORCH_FIND_LINKS, build_config, make_sdist
 from wheelhouse import queue as q
-from wheelhouse.buildspec import BuildSpec, FailureKind
+from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, UnservableSpec
+from wheelhouse.errors import BuildFailed, FailureKind, UnservableSpec
 from wheelhouse.fleet import build_id_prefix, live_workers
 from wheelhouse.storage import open_storage
 from worker.build import Reporter, log_key, run_build
@@ -198,7 +198,7 @@ def test_a_compile_error_fails_once_with_its_reason(
         assert time.monotonic() < deadline and worker.poll() is None
         time.sleep(0.5)
     assert status.state is q.BuildState.FAILED
-    assert status.failure_kind == FailureKind.COMPILE_ERROR.value
+    assert status.failure_kind is FailureKind.COMPILE_ERROR
     assert status.reason == 'scale.cu(6): error: identifier "factr" is undefined'
     # Not retried: another attempt can't fix a compile error (the job had one retry for
     # abandonment by a dead worker).
@@ -277,7 +277,7 @@ def test_flash_attn_sdist_build_starts_and_is_stopped(tmp_path: Path) -> None:
     with pytest.raises(BuildFailed) as err:
         run_build(FLASH, config=config, storage=storage, reporter=reporter, timeout=900,
                   build_id=build_id)
-    assert err.value.kind == FailureKind.CANCELLED.value, storage.get_bytes(
+    assert err.value.kind is FailureKind.CANCELLED, storage.get_bytes(
         log_key(FLASH)).decode()[-3000:]
     assert reporter.compilers, "no nvcc was seen"
     log = "\n".join(reporter.log)
@@ -301,7 +301,7 @@ def test_flash_attn_2_8_3_with_torch_2_14_is_incompatible_in_one_line(tmp_path: 
     started = time.monotonic()
     with pytest.raises(BuildFailed) as err:
         run_build(FLASH, config=config, storage=storage, timeout=900)
-    assert err.value.kind == FailureKind.INCOMPATIBLE.value, err.value.reason
+    assert err.value.kind is FailureKind.INCOMPATIBLE, err.value.reason
     assert err.value.reason == (
         "flash-attn 2.8.3 compiles as C++17, but torch 2.14's headers need C++20 "
         "(std::strong_ordering); this combination needs a newer flash-attn")

@@ -25,10 +25,10 @@ from tests.web.buildhelpers import (
 )
 from wheelhouse.cli import main
 from wheelhouse.config import Config
+from wheelhouse.errors import TokenError
 from wheelhouse.publish import publish
 from wheelhouse.storage import open_storage
 from wheelhouse.tokens import (
-    TokenError,
     create_token,
     digest,
     list_tokens,

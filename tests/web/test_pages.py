@@ -158,7 +158,7 @@ def test_matrix_filters_by_project_and_reads_in_bulk(
                 version = f"1.{minor}"
                 name = f"demo_ext-{version}+{variant.local_label}-cp{py}-cp{py}-linux_x86_64.whl"
                 rec = Record(filename=name, project="demo-ext", version=f"{version}+"
-                             f"{variant.local_label}", variant=variant.key, archs=None,
+                             f"{variant.local_label}", variant=variant, archs=None,
                              sha256="0" * 64, size=1, metadata_sha256="0" * 64,
                              requires_python=None, upload_time="2025-01-01T00:00:00Z")
                 storage.put_bytes(record_key(variant, "demo-ext", name), rec.to_json())
@@ -377,7 +377,7 @@ def test_an_unreachable_upstream_leaves_a_free_text_version(
 def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile", progress=[12, 96],
                         max_jobs=6, max_jobs_reason="6 jobs of 5.0 GiB fit in 31 GiB free",
-                        peak_tree_bytes=3 * 1024**3)
+                        build={"peak_tree_bytes": 3 * 1024**3})
     append_log(conn, job_id, ["[11/96] nvcc flash_fwd_hdim64.cu", "[12/96] nvcc flash_bwd.cu"])
     page = client.get(f"/builds/{job_id}").text
     assert 'id="state" class="state building">building' in page

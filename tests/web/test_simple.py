@@ -53,7 +53,7 @@ def test_pages_parse_with_pypi_simple(client: FlaskClient, published: list[Recor
         page = ProjectPage.from_json_data(json.loads(resp.data), base_url=url)
     else:
         page = ProjectPage.from_html("demo-ext", resp.get_data(as_text=True), base_url=url)
-    base_files = {r.filename: r for r in published if r.variant == VARIANT}
+    base_files = {r.filename: r for r in published if r.variant.key == VARIANT}
     assert {p.filename for p in page.packages} == set(base_files)
     for pkg in page.packages:
         rec = base_files[pkg.filename]

@@ -8,8 +8,8 @@ import pytest
 from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
-from wheelhouse.buildspec import BuildSpec, FailureKind, normalize_python
-from wheelhouse.errors import InvalidBuildSpec
+from wheelhouse.buildspec import BuildSpec, normalize_python
+from wheelhouse.errors import FailureKind, InvalidBuildSpec
 
 
 def spec(**overrides: object) -> BuildSpec:

@@ -189,7 +189,7 @@ def test_narrowed_arch_selection(
         _publish(storage, tmp_path, variant, version, tag=tag, archs=archs)
     catalog = Catalog(storage, refresh_seconds=60)
     files = catalog.files(parse_variant(root), FA)
-    listed = [(r.variant, str(parse_wheel_filename(r.filename)[1].public),
+    listed = [(r.variant.key, str(parse_wheel_filename(r.filename)[1].public),
                r.filename.split("-", 2)[2].removesuffix(".whl")) for r in files]
     assert listed == expected
     _assert_one_file_per_version_and_tags(files)
@@ -224,9 +224,9 @@ def test_many_wheels_never_list_duplicates(storage: Storage, tmp_path: Path) -> 
         _assert_one_file_per_version_and_tags(files)
         assert len(files) == 4, root  # every (version, tags) has a fat wheel at least
     sm90 = catalog.files(parse_variant("torch2.8-cu128-sm90"), FA)
-    assert {r.variant for r in sm90} == {"torch2.8-cu128-sm90"}
+    assert {r.variant.key for r in sm90} == {"torch2.8-cu128-sm90"}
     sm100 = catalog.files(parse_variant("torch2.8-cu128-sm100"), FA)
-    assert {r.variant for r in sm100} == {"torch2.8-cu128-sm90-sm100"}
+    assert {r.variant.key for r in sm100} == {"torch2.8-cu128-sm90-sm100"}
 
 
 def test_a_wheel_without_a_record_is_not_listed(storage: Storage, tmp_path: Path) -> None:

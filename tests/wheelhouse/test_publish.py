@@ -13,6 +13,7 @@ from packaging.utils import canonicalize_name
 
 from tests.helpers import make_wheel
 from tests.wheelhouse.test_wheels import assert_record_matches
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
 from wheelhouse.errors import AlreadyPublished, InvalidVariant, InvalidWheel, VersionMismatch
 from wheelhouse.publish import publish
@@ -34,12 +35,12 @@ def test_publish_writes_wheel_metadata_record_and_generation(
 ) -> None:
     path = make_wheel(tmp_path, "flash-attn", "2.8.3+cu128torch2.8", tag=TAG,
                       requires=["torch", "einops"], requires_python=">=3.9")
-    record = publish(storage, path, V, build={"builder": "test", "seconds": 1.5})
+    record = publish(storage, path, V, build=BuildFacts(build_id="test", seconds=1.5))
 
     assert record.filename == path.name
     assert record.project == "flash-attn"
     assert record.version == "2.8.3+cu128torch2.8"
-    assert record.variant == "torch2.8-cu128"
+    assert record.variant == V and record.variant.key == "torch2.8-cu128"
     assert record.archs is None
     assert record.sha256 == sha256_file(path)
     assert record.size == path.stat().st_size
@@ -47,7 +48,7 @@ def test_publish_writes_wheel_metadata_record_and_generation(
     assert record.requires_python == ">=3.9"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record.upload_time)
     assert record.yanked is False
-    assert record.build == {"builder": "test", "seconds": 1.5}
+    assert record.build == BuildFacts(build_id="test", seconds=1.5)
 
     wkey = wheel_key(V, "flash-attn", path.name)
     rkey = record_key(V, "flash-attn", path.name)
@@ -173,7 +174,7 @@ def test_publish_records_archs(
     path = make_wheel(tmp_path, "pkg", f"1.0+{v.local_label}", tag=TAG)
     record = publish(storage, path, v, archs=archs)
     assert record.archs == expected
-    assert record.variant == variant
+    assert record.variant == v and record.variant.key == variant
     # Narrowed wheels live with their base variant's, so that one page read finds them all.
     assert record.wheel_key == f"wheels/torch2.8-cu128/pkg/{path.name}"
     assert storage.exists(record_key(v.base, "pkg", path.name))
@@ -190,12 +191,14 @@ def test_record_json_round_trip() -> None:
     for archs in (None, ("80", "90")):
         record = Record(filename="p-1.0+cu128torch2.8-py3-none-any.whl",
                         project=canonicalize_name("p"),
-                        version="1.0+cu128torch2.8", variant="torch2.8-cu128", archs=archs,
+                        version="1.0+cu128torch2.8", variant=V, archs=archs,
                         sha256="0" * 64, size=10, metadata_sha256="1" * 64,
                         requires_python=None, upload_time="2025-01-01T00:00:00.000Z",
-                        yanked="broken build", build={"log": "x"})
+                        yanked="broken build", build=BuildFacts(log_key="logs/x", seconds=3.0))
         raw = record.to_json()
         assert json.loads(raw)["archs"] == (None if archs is None else list(archs))
+        assert json.loads(raw)["variant"] == "torch2.8-cu128"
+        assert json.loads(raw)["build"] == {"log_key": "logs/x", "seconds": 3.0}
         assert Record.from_json(raw) == record
 
 
@@ -228,6 +231,12 @@ class _Watched(Storage):
 
     def delete(self, key: str) -> None:
         self.inner.delete(key)
+
+    def list_partials(self) -> Iterator[ObjectInfo]:
+        return self.inner.list_partials()
+
+    def delete_partial(self, key: str) -> None:
+        self.inner.delete_partial(key)
 
     def ping(self) -> None:
         self.inner.ping()
@@ -300,5 +309,9 @@ def test_concurrent_publication_of_the_same_name_is_refused(
 def test_variant_of_a_record(tmp_path: Path, storage: Storage) -> None:
     path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8.sm90")
     record = publish(storage, path, V_SM90)
-    assert record.variant_obj == V_SM90
-    assert record.variant_obj.base == Variant.of("2.8", "12.8")
+    assert record.variant == V_SM90
+    assert record.variant.base == Variant.of("2.8", "12.8")
+    # Stored as its key, so records of older versions read back the same.
+    stored = json.loads(storage.get_bytes(record_key(V_SM90.base, "pkg", path.name)))
+    assert stored["variant"] == "torch2.8-cu128-sm90"
+    assert Record.from_json(json.dumps(stored).encode()) == record

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,15 +16,16 @@ from typing import ClassVar
 import psutil
 import pytest
 
-from tests.helpers import QuietHandler, serve_http
+from tests.helpers import QuietHandler, free_port, serve_http
 from tests.worker.conftest import build_config
-from wheelhouse.buildspec import BuildSpec, FailureKind
-from wheelhouse.errors import BuildFailed
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, StorageUnavailable
 from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.storage import open_storage
+from wheelhouse.retry import BUILD_STEPS, RetryPolicy
+from wheelhouse.storage import make_s3_client, open_storage
 from worker.build import extension_modules, log_key, run_build, sanitized_env
 from worker.cli import parse_target
-from worker.failures import InfrastructureError, classify_log, with_retries
+from worker.failures import classify_log, with_retries
 from worker.reaper import BUILD_ID_ENV
 from worker.sdist import download_sdist, find_sdist, unpack
 
@@ -76,14 +78,19 @@ def test_governor_verdict_makes_it_oom() -> None:
     assert classify_log("ninja: build stopped", FA, oom=True).kind is FailureKind.OOM
 
 
-def test_infrastructure_failures_are_retried_then_classified() -> None:
+@pytest.mark.parametrize("error", [InfrastructureError("503"),
+                                   StorageUnavailable("S3 bucket 'b': get k: SlowDown")])
+def test_infrastructure_failures_are_retried_then_classified(error: Exception) -> None:
     calls: list[float] = []
+    said: list[str] = []
     with pytest.raises(BuildFailed) as err:
-        with_retries("uploading", lambda: (_ for _ in ()).throw(InfrastructureError("503")),
-                     attempts=3, delays=(1, 5), sleep=calls.append)
-    assert calls == [1, 5]
-    assert err.value.kind == "infrastructure" and "after 3 attempts: 503" in err.value.reason
-    flaky = iter([InfrastructureError("reset"), None])
+        with_retries(BUILD_STEPS, "uploading", lambda: (_ for _ in ()).throw(error),
+                     say=said.append, sleep=calls.append)
+    assert calls == [2, 10, 30]  # BUILD_STEPS: four attempts
+    assert len(said) == 3 and said[0].startswith("uploading failed (")
+    assert err.value.kind is FailureKind.INFRASTRUCTURE
+    assert f"after 4 attempts: {error}" in err.value.reason
+    flaky = iter([error, None])
 
     def once_flaky() -> str:
         exc = next(flaky)
@@ -91,7 +98,25 @@ def test_infrastructure_failures_are_retried_then_classified() -> None:
             raise exc
         return "ok"
 
-    assert with_retries("x", once_flaky, sleep=calls.append) == "ok"
+    assert with_retries(BUILD_STEPS, "x", once_flaky, sleep=calls.append) == "ok"
+
+
+def test_a_build_whose_storage_is_unreachable_fails_as_infrastructure(
+        tmp_path: Path, cudaext_sdist: Path, s3_env: dict[str, str]) -> None:
+    """Storage errors reach the worker as StorageUnavailable, retried, then classified."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = build_config(tmp_path, storage="s3://wheels", s3_endpoint_url=dead)
+    storage = open_storage(config, s3_client=make_s3_client(
+        config, policy=RetryPolicy(attempts=1, timeout=2)))
+    spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="13.0")
+    started = time.monotonic()
+    with pytest.raises(BuildFailed) as err:
+        run_build(spec, config=config, storage=storage, source=cudaext_sdist,
+                  retry=RetryPolicy(attempts=2, delays=(0,), retry_on=BUILD_STEPS.retry_on))
+    assert err.value.kind is FailureKind.INFRASTRUCTURE
+    assert "reading storage failed after 2 attempts" in err.value.reason
+    assert "S3 bucket 'wheels'" in err.value.reason and "Could not connect" in err.value.reason
+    assert time.monotonic() - started < 60
 
 
 # --- sdists from an index, over real HTTP ---------------------------------------------------
@@ -239,7 +264,7 @@ def test_timeout_kills_the_build_and_stores_the_log(tmp_path: Path, cudaext_sdis
     with pytest.raises(BuildFailed) as err:
         run_build(spec, config=config, storage=storage, source=cudaext_sdist, timeout=2,
                   toolkits=[toolkit], build_id="build-timeout-test")
-    assert err.value.kind == FailureKind.TIMEOUT.value
+    assert err.value.kind is FailureKind.TIMEOUT
     assert "2 s deadline" in err.value.reason
     log = storage.get_bytes(log_key(spec)).decode()
     assert "FAILED [timeout]" in log and "uv" in log

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist
-from wheelhouse.buildspec import BuildSpec, FailureKind
+from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Catalog
-from wheelhouse.errors import BuildFailed
+from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.maxjobs import learned_per_thread
 from wheelhouse.storage import open_storage
 from worker.build import Reporter, log_key, run_build
@@ -60,15 +60,17 @@ def test_fixture_extension_builds_checks_and_publishes(
 
     record = result.record
     assert record.filename == SPEC.expected_wheel_name
-    assert record.variant == "torch2.14-cu130-sm80" and record.archs == ("80",)
+    assert record.variant.key == "torch2.14-cu130-sm80" and record.archs == ("80",)
     assert reporter.phases == ["toolkit", "fetch", "venv", "compile", "check", "publish"]
     done, total = reporter.progress_seen[-1]
     assert done == total >= 2
     build = record.build
-    assert build["max_jobs"]["jobs"] >= 1 and build["max_jobs"]["reason"].startswith("MAX_JOBS=")
-    assert reporter.notes["max_jobs_reason"] == build["max_jobs"]["reason"]
-    assert build["torch"].startswith("2.14.") and build["toolkit"].startswith("V13.0")
-    assert build["peak_job_bytes"] > 0
+    assert build.max_jobs is not None
+    assert build.max_jobs.jobs >= 1 and build.max_jobs.reason.startswith("MAX_JOBS=")
+    assert reporter.notes["max_jobs_reason"] == build.max_jobs.reason
+    assert build.torch is not None and build.torch.startswith("2.14.")
+    assert build.toolkit is not None and build.toolkit.startswith("V13.0")
+    assert build.peak_job_bytes is not None and build.peak_job_bytes > 0
     assert learned_per_thread(storage, "cudaext", "13.0") is not None  # feeds the next MAX_JOBS
 
     # The index lists it, under the narrowed variant.
@@ -107,7 +109,7 @@ def test_a_compile_error_surfaces_from_the_probe(tmp_path: Path) -> None:
     with pytest.raises(BuildFailed) as err:
         run_build(SPEC, config=config, storage=storage, source=sdist, timeout=900)
 
-    assert err.value.kind == FailureKind.COMPILE_ERROR.value
+    assert err.value.kind is FailureKind.COMPILE_ERROR
     assert err.value.reason.startswith("add.cu(")
     assert 'identifier "oops" is undefined' in err.value.reason
     log = storage.get_bytes(log_key(SPEC)).decode()
@@ -161,5 +163,7 @@ def test_wheelhouse_build_publishes_to_the_configured_storage(tmp_path: Path) ->
     [record] = catalog.files(SPEC.variant, SPEC.project)  # type: ignore[arg-type]
     assert record.filename == SPEC.expected_wheel_name
     # The record says what MAX_JOBS was chosen and why, and what the build measured.
-    assert str(record.build["max_jobs"]["reason"]).startswith("MAX_JOBS=")
-    assert record.build["toolkit"].startswith("V13.0") and record.build["peak_tree_bytes"] > 0
+    assert record.build.max_jobs is not None
+    assert record.build.max_jobs.reason.startswith("MAX_JOBS=")
+    assert record.build.toolkit is not None and record.build.toolkit.startswith("V13.0")
+    assert record.build.peak_tree_bytes is not None and record.build.peak_tree_bytes > 0
