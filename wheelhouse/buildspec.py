@@ -7,14 +7,16 @@ name, and one deterministic RQ job id, so that asking twice for the same wheel f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
-from packaging.tags import Tag
+from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
@@ -27,6 +29,11 @@ KNOWN_PYTHONS: tuple[str, ...] = ("3.9", "3.10", "3.11", "3.12", "3.13", "3.14")
 KNOWN_MACHINES: tuple[str, ...] = ("x86_64", "aarch64")
 
 MAX_FIELD_LENGTH = 100
+#: The newest glibc (2.N) and musl (1.N) a wheel's manylinux or musllinux tag may name and still
+#: count. The index serves many hosts and can't know an installer's libc, so every level up to
+#: these counts; they only need to stay ahead of what wheels are built for.
+NEWEST_GLIBC_MINOR = 50
+NEWEST_MUSL_MINOR = 9
 _PROJECT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -162,24 +169,9 @@ class BuildSpec:
         return f"{self.dist_name}-{self.wheel_version}-{t.interpreter}-{t.abi}-{t.platform}.whl"
 
     def tags_match(self, tags: Iterable[Tag]) -> bool:
-        """Whether a built wheel's tags serve this spec's Python and CPU architecture.
-
-        Accepts the exact CPython tag, or a stable-ABI (``abi3``) wheel for an older CPython;
-        platform ``linux_<machine>`` or any ``manylinux*_<machine>``.
-        """
-        minor = int(self.python.split(".")[1])
-        for tag in tags:
-            platform_ok = tag.platform == f"linux_{self.machine}" or (
-                tag.platform.startswith("manylinux") and tag.platform.endswith(f"_{self.machine}")
-            )
-            if not platform_ok:
-                continue
-            if tag.interpreter == self.python_tag and tag.abi == self.python_tag:
-                return True
-            m = re.fullmatch(r"cp3([0-9]{1,2})", tag.interpreter)
-            if tag.abi == "abi3" and m is not None and int(m.group(1)) <= minor:
-                return True
-        return False
+        """Whether a wheel with these tags installs into this spec's Python and CPU: the one
+        rule of which wheels serve which interpreter (see :func:`tags_serve`)."""
+        return tags_serve(tags, self.python, self.machine)
 
     @property
     def queue_name(self) -> str:
@@ -228,6 +220,39 @@ class BuildSpec:
 
     def __str__(self) -> str:
         return self.describe()
+
+
+def tags_serve(tags: Iterable[Tag], python: str, machine: str) -> bool:
+    """Whether a wheel with these tags installs into CPython ``python`` (``3.11``) on a Linux
+    ``machine`` (``x86_64``, ``aarch64``, as ``platform.machine()`` spells it).
+
+    The interpreter's tags come from :mod:`packaging.tags`, as pip and uv derive them: its own
+    ``cpXY-cpXY``, ``abi3`` of it and older CPythons, ``py3-none-any`` and the like, on
+    ``linux_<machine>`` or any manylinux or musllinux level.
+    """
+    return not supported_tags(python, machine).isdisjoint(tags)
+
+
+@functools.cache
+def supported_tags(python: str, machine: str) -> frozenset[Tag]:
+    """Every tag CPython ``python`` on a Linux ``machine`` installs (see :func:`tags_serve`)."""
+    try:
+        v = Version(python)
+    except InvalidVersion:
+        raise InvalidBuildSpec(f"Python version {python[:40]!r} is not a version") from None
+    version = (v.major, v.minor)
+    interpreter = f"cp{v.major}{v.minor}"
+    platforms = [
+        f"linux_{machine}",
+        *(f"manylinux_2_{minor}_{machine}" for minor in range(NEWEST_GLIBC_MINOR, 4, -1)),
+        # PEP 600 names these aliases of manylinux_2_17, _2_12 and _2_5.
+        *(f"{legacy}_{machine}" for legacy in ("manylinux2014", "manylinux2010", "manylinux1")),
+        *(f"musllinux_1_{minor}_{machine}" for minor in range(NEWEST_MUSL_MINOR, -1, -1)),
+    ]
+    return frozenset(chain(
+        cpython_tags(version, abis=[interpreter], platforms=platforms),
+        compatible_tags(version, interpreter=interpreter, platforms=platforms),
+    ))
 
 
 def queue_name(cuda: str, machine: str) -> str:

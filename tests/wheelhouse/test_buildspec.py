@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from packaging.tags import Tag
+from packaging.tags import parse_tag
 from packaging.utils import parse_wheel_filename
 
-from wheelhouse.buildspec import BuildSpec, normalize_python
+from wheelhouse.buildspec import BuildSpec, normalize_python, tags_serve
 from wheelhouse.errors import FailureKind, InvalidBuildSpec
 
 
@@ -93,19 +93,52 @@ def test_round_trip_through_job_arguments() -> None:
 
 
 @pytest.mark.parametrize(
-    ("tag", "ok"),
+    ("wheel_tags", "python", "machine", "ok"),
     [
-        (Tag("cp311", "cp311", "linux_x86_64"), True),
-        (Tag("cp311", "cp311", "manylinux_2_28_x86_64"), True),
-        (Tag("cp39", "abi3", "linux_x86_64"), True),
-        (Tag("cp312", "abi3", "linux_x86_64"), False),
-        (Tag("cp310", "cp310", "linux_x86_64"), False),
-        (Tag("cp311", "cp311", "linux_aarch64"), False),
-        (Tag("py3", "none", "any"), False),
+        # The interpreter's own tag, on every Linux platform spelling of its CPU.
+        ("cp311-cp311-linux_x86_64", "3.11", "x86_64", True),
+        ("cp311-cp311-manylinux_2_28_x86_64", "3.11", "x86_64", True),
+        ("cp311-cp311-manylinux2014_x86_64", "3.11", "x86_64", True),
+        ("cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64", "3.11", "x86_64", True),
+        ("cp311-cp311-musllinux_1_2_x86_64", "3.11", "x86_64", True),
+        ("cp311-cp311-linux_aarch64", "3.11", "aarch64", True),
+        ("cp311-cp311-manylinux_2_28_aarch64", "3.11", "aarch64", True),
+        ("cp312-cp312-manylinux_2_17_aarch64.manylinux2014_aarch64", "3.12", "aarch64", True),
+        # ...never another CPU's.
+        ("cp311-cp311-linux_aarch64", "3.11", "x86_64", False),
+        ("cp311-cp311-manylinux_2_28_x86_64", "3.11", "aarch64", False),
+        ("cp311-cp311-win_amd64", "3.11", "x86_64", False),
+        ("cp311-cp311-macosx_11_0_arm64", "3.11", "aarch64", False),
+        # The stable ABI: built for this CPython or an older one, never a newer one.
+        ("cp39-abi3-linux_x86_64", "3.11", "x86_64", True),
+        ("cp311-abi3-manylinux_2_28_aarch64", "3.11", "aarch64", True),
+        ("cp312-abi3-linux_x86_64", "3.11", "x86_64", False),
+        ("cp38-abi3-manylinux_2_17_x86_64", "3.14", "x86_64", True),
+        # Another CPython's own ABI does not load: a cp312 wheel for 3.11, or the reverse.
+        ("cp312-cp312-linux_x86_64", "3.11", "x86_64", False),
+        ("cp310-cp310-linux_x86_64", "3.11", "x86_64", False),
+        # Pure Python wheels serve every Python 3 on every CPU.
+        ("py3-none-any", "3.11", "x86_64", True),
+        ("py3-none-any", "3.13", "aarch64", True),
+        ("py2.py3-none-any", "3.9", "x86_64", True),
+        ("py311-none-any", "3.12", "x86_64", True),
+        ("py312-none-any", "3.11", "x86_64", False),
+        ("cp311-none-any", "3.11", "aarch64", True),
+        ("py2-none-any", "3.11", "x86_64", False),
+        ("py3-none-linux_aarch64", "3.11", "aarch64", True),
     ],
 )
-def test_tags_match_python_and_machine(tag: Tag, ok: bool) -> None:
-    assert spec().tags_match([tag]) is ok
+def test_which_wheel_tags_serve_which_interpreter(
+        wheel_tags: str, python: str, machine: str, ok: bool) -> None:
+    tags = parse_tag(wheel_tags)
+    assert tags_serve(tags, python, machine) is ok
+    assert spec(python=python, machine=machine).tags_match(tags) is ok
+
+
+def test_tags_serve_any_python_version_but_not_garbage() -> None:
+    assert tags_serve(parse_tag("cp315-cp315-linux_x86_64"), "3.15", "x86_64")
+    with pytest.raises(InvalidBuildSpec, match="not a version"):
+        tags_serve(parse_tag("py3-none-any"), "three", "x86_64")
 
 
 def test_queue_is_per_cuda_and_machine() -> None:
