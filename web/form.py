@@ -23,7 +23,7 @@ from wheelhouse.buildspec import (
 )
 from wheelhouse.config import Config
 from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
-from wheelhouse.recipes import recipe_projects
+from wheelhouse.recipes import recipe_dirs, recipe_projects
 from wheelhouse.variants import (
     KNOWN_ARCHS,
     KNOWN_CUDA,
@@ -40,7 +40,7 @@ MAX_PYTHONS = len(KNOWN_PYTHONS)
 
 
 def recipe_list(config: Config) -> list[str]:
-    return recipe_projects([d for d in config.recipe_dirs.split(":") if d])
+    return recipe_projects(recipe_dirs(config))
 
 
 # -- validating a request --

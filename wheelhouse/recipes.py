@@ -13,12 +13,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
 from wheelhouse.errors import InvalidRecipe, InvalidVariant
 from wheelhouse.variants import Variant, normalize_arch
+
+if TYPE_CHECKING:
+    from wheelhouse.config import Config
 
 BUILTIN_DIR = Path(__file__).parent / "recipes"
 GENERIC = "generic"
@@ -145,6 +148,12 @@ def parse_recipe(path: Path) -> Recipe:
     # Fail at load time, not mid-build, on a template typo.
     recipe.environment(Variant.of("2.8", "12.8"), max_jobs=1)
     return recipe
+
+
+def recipe_dirs(config: Config) -> list[Path]:
+    """The configured extra recipe directories (``WHEELHOUSE_RECIPE_DIRS``), first one first;
+    the built-in recipes are searched after them."""
+    return [Path(d) for d in config.recipe_dirs.split(":") if d.strip()]
 
 
 def _search_path(extra_dirs: Iterable[Path | str]) -> list[Path]:

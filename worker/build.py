@@ -41,7 +41,7 @@ from wheelhouse.errors import (
 from wheelhouse.fleet import ToolkitInfo, pick_toolkit
 from wheelhouse.maxjobs import GIB, MaxJobs, decide, record_peaks, reserve_bytes
 from wheelhouse.publish import publish
-from wheelhouse.recipes import Recipe, load_recipe
+from wheelhouse.recipes import Recipe, load_recipe, recipe_dirs
 from wheelhouse.retry import BUILD_STEPS, LOG_UPLOAD, OOM_COMPILE, RetryPolicy
 from wheelhouse.storage import Storage
 from wheelhouse.wheels import check_consistent, parse_name, relabel
@@ -187,8 +187,7 @@ class Builder:
         self.toolkits = toolkits
         self.keep_workspace = keep_workspace
         self.retry = retry
-        self.recipe: Recipe = load_recipe(
-            spec.project, [d for d in config.recipe_dirs.split(":") if d])
+        self.recipe: Recipe = load_recipe(spec.project, recipe_dirs(config))
         self.workspace = Path(config.workspace).resolve() / f"{build_id}-{uuid.uuid4().hex[:8]}"
         self.log = _Log(self.workspace / "build.log", reporter)
         self.facts = BuildFacts(build_id=build_id, recipe=self.recipe.name,

@@ -6,8 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from wheelhouse.config import Config
 from wheelhouse.errors import InvalidRecipe
-from wheelhouse.recipes import GENERIC, available_recipes, load_recipe, recipe_projects
+from wheelhouse.recipes import (
+    GENERIC,
+    available_recipes,
+    load_recipe,
+    recipe_dirs,
+    recipe_projects,
+)
 from wheelhouse.variants import Variant
 
 FIXTURE_RECIPES = Path(__file__).parent.parent / "fixtures" / "recipes"
@@ -43,6 +50,22 @@ def test_extra_recipe_dirs_add_projects() -> None:
     recipe = load_recipe("cudaext", [FIXTURE_RECIPES])
     assert recipe.default_archs == ("80",) and recipe.import_check == ("cudaext._C",)
     assert set(available_recipes([FIXTURE_RECIPES])) >= {"flash-attn", "generic", "cudaext"}
+
+
+@pytest.mark.parametrize(("setting", "dirs"), [
+    ("", []),
+    ("/srv/recipes", [Path("/srv/recipes")]),
+    ("/srv/a:/srv/b", [Path("/srv/a"), Path("/srv/b")]),
+    ("/srv/a::/srv/b:", [Path("/srv/a"), Path("/srv/b")]),
+])
+def test_recipe_dirs_come_from_the_config(setting: str, dirs: list[Path]) -> None:
+    assert recipe_dirs(Config(recipe_dirs=setting)) == dirs
+
+
+def test_configured_recipe_dirs_are_searched_first() -> None:
+    config = Config(recipe_dirs=f"/nonexistent:{FIXTURE_RECIPES}")
+    assert "cudaext" in recipe_projects(recipe_dirs(config))
+    assert load_recipe("cudaext", recipe_dirs(config)).path == FIXTURE_RECIPES / "cudaext.toml"
 
 
 def test_extra_dirs_override_builtin_recipes(tmp_path: Path) -> None:
