@@ -1,9 +1,10 @@
 """The build pipeline: sdist → fresh venv → compile under supervision → checked wheel → published.
 
-Every step that runs a program runs it through :class:`worker.reaper.BuildProcess`, so a
-timeout or cancel kills exactly this build's process tree. The build sees a sanitized
-environment (no storage or Redis credentials, tokens or worker settings); uploading happens here,
-outside it. Output goes to one log file, which is tailed into the reporter (live log and ninja's
+This module is the sequence of steps. Every step that runs a program runs it through
+:class:`worker.reaper.BuildProcess`, so a timeout or cancel kills exactly this build's process
+tree. The build sees a sanitized environment (:mod:`worker.buildenv`: no storage or Redis
+credentials, tokens or worker settings); uploading happens here, outside it. Output goes to one
+log file (:mod:`worker.buildlog`), which is tailed into the reporter (live log and ninja's
 ``[N/M]`` progress) and stored next to the result when the build ends, success or failure.
 """
 
@@ -11,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
-import stat
 import subprocess
 import time
 import uuid
@@ -45,34 +44,13 @@ from wheelhouse.recipes import Recipe, load_recipe, recipe_dirs
 from wheelhouse.retry import BUILD_STEPS, LOG_UPLOAD, OOM_COMPILE, RetryPolicy
 from wheelhouse.storage import Storage
 from wheelhouse.wheels import check_consistent, parse_name, relabel
+from worker.buildenv import compile_env, install_env, sanitized_env
+from worker.buildlog import BuildLog
 from worker.capabilities import discover_toolkits, usable_cores
 from worker.failures import Classified, classify_log, with_retries
 from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess, Outcome
 from worker.sdist import download_sdist, find_sdist, unpack
-
-_PROGRESS = re.compile(r"^\s*\[(\d+)/(\d+)\]")
-#: Variables a build may see from the worker's environment; everything else is dropped.
-_KEEP_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ",
-             "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "UV_CACHE_DIR",
-             "UV_PYTHON_INSTALL_DIR", "PYENV_ROOT", "CC", "CXX", "CUDAHOSTCXX")
-_KEEP_PREFIXES = ("LC_",)
-#: Network settings only the installer sees, never setup.py.
-_INSTALL_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
-
-PROBE_SCRIPT = """#!/bin/sh
-# wheelhouse: compile one translation unit alone before the full build, so that an incompatible
-# combination fails within minutes instead of after hours of other kernels.
-real="{real}"
-if [ "$1" = "-v" ] && [ -f build.ninja ]; then
-  target=$("$real" -t targets all 2>/dev/null | sed -n 's/: cuda_compile$//p' | head -n 1)
-  if [ -n "$target" ]; then
-    echo "wheelhouse: probe: compiling $target alone first"
-    NINJA_STATUS="[probe %f/%t] " "$real" -v -j 1 "$target" || exit $?
-  fi
-fi
-exec "$real" "$@"
-"""
 
 
 class Reporter:
@@ -108,64 +86,10 @@ class BuildResult:
     build: BuildFacts = field(default_factory=BuildFacts)
 
 
-def sanitized_env(environ: dict[str, str] | os._Environ[str], *, install: bool = False
-                  ) -> dict[str, str]:
-    """The worker's environment minus everything a build must not see.
-
-    An allow-list: storage and Redis credentials, tokens, ``WHEELHOUSE_*`` and any inherited
-    CUDA or torch build switches are dropped, so only the recipe decides how the build runs.
-    """
-    keep = set(_KEEP_ENV) | (set(_INSTALL_ENV) if install else set())
-    return {k: v for k, v in environ.items() if k in keep or k.startswith(_KEEP_PREFIXES)}
-
-
 def log_key(spec: BuildSpec) -> str:
     """Where the full log is stored: beside the wheel's record, under the same name."""
     return (f"logs/{spec.variant.base.key}/{spec.project}/"
             f"{spec.expected_wheel_name}.log")
-
-
-class _Log:
-    """The build log file: our own notes go in, the subprocesses append, ``pump`` tails it."""
-
-    def __init__(self, path: Path, reporter: Reporter) -> None:
-        self.path = path
-        self.reporter = reporter
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
-        self._offset = 0
-        self._partial = b""
-
-    def write(self, text: str) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            for line in text.splitlines() or [""]:
-                f.write(f"wheelhouse: {line}\n")
-        self.pump()
-
-    def pump(self) -> None:
-        with self.path.open("rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-        if not data:
-            return
-        self._offset += len(data)
-        data = self._partial + data
-        *complete, self._partial = data.split(b"\n")
-        lines = [line.decode("utf-8", errors="replace").rstrip("\r") for line in complete]
-        if not lines:
-            return
-        for line in reversed(lines):
-            m = _PROGRESS.match(line)
-            if m is not None:
-                self.reporter.progress(int(m.group(1)), int(m.group(2)))
-                break
-        self.reporter.lines(lines)
-
-    def tail(self, limit: int = 400_000) -> str:
-        size = self.path.stat().st_size
-        with self.path.open("rb") as f:
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", errors="replace")
 
 
 class Builder:
@@ -189,7 +113,8 @@ class Builder:
         self.retry = retry
         self.recipe: Recipe = load_recipe(spec.project, recipe_dirs(config))
         self.workspace = Path(config.workspace).resolve() / f"{build_id}-{uuid.uuid4().hex[:8]}"
-        self.log = _Log(self.workspace / "build.log", reporter)
+        self.log = BuildLog(self.workspace / "build.log", on_lines=reporter.lines,
+                            on_progress=reporter.progress)
         self.facts = BuildFacts(build_id=build_id, recipe=self.recipe.name,
                                 host=socket.gethostname())
         self.job_peaks: list[int] = []
@@ -345,18 +270,13 @@ class Builder:
         self.facts.sdist = sdist.name
         return unpack(sdist, self.workspace / "src")
 
-    def _install_env(self) -> dict[str, str]:
-        env = sanitized_env(os.environ, install=True)
-        env["UV_NO_PROGRESS"] = "1"
-        return env
-
     def _venv(self, src: Path) -> Path:
         self.reporter.phase("venv")
         uv = shutil.which("uv")
         if uv is None:
             raise BuildFailed(FailureKind.INFRASTRUCTURE, "uv is not installed on the worker")
         venv = self.workspace / "venv"
-        env = self._install_env()
+        env = install_env()
         self._run_checked([uv, "venv", "--seed", "--clear", "--python", self.spec.python,
                            str(venv)], env=env, what="creating the venv")
         python = venv / "bin" / "python"
@@ -409,38 +329,6 @@ class Builder:
                               "reason": f"MAX_JOBS={self.max_jobs_override}: set by the caller"})
         return jobs
 
-    def _build_env(self, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs) -> dict[str, str]:
-        venv_bin = python.parent
-        probe_bin = self.workspace / "probe-bin"
-        probe_bin.mkdir(exist_ok=True)
-        real_ninja = venv_bin / "ninja"
-        if not real_ninja.exists():
-            found = shutil.which("ninja")
-            if found is None:
-                raise BuildFailed(FailureKind.INCOMPATIBLE,
-                                  "ninja is neither in the recipe's requirements nor installed")
-            real_ninja = Path(found)
-        wrapper = probe_bin / "ninja"
-        wrapper.write_text(PROBE_SCRIPT.format(real=real_ninja))
-        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        env = sanitized_env(os.environ)
-        tmp = self.workspace / "tmp"
-        tmp.mkdir(exist_ok=True)
-        env.update({
-            "PATH": os.pathsep.join([str(probe_bin), str(venv_bin),
-                                     str(Path(toolkit.home) / "bin"), env.get("PATH", "")]),
-            "VIRTUAL_ENV": str(venv_bin.parent),
-            "CUDA_HOME": toolkit.home,
-            "CUDA_PATH": toolkit.home,
-            "MAX_JOBS": str(jobs.jobs),
-            "TMPDIR": str(tmp),
-            "PYTHONUNBUFFERED": "1",
-            "PIP_CONFIG_FILE": os.devnull,
-            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        })
-        env.update(self.recipe.environment(self.spec.variant, max_jobs=jobs.jobs))
-        return env
-
     def _compile(self, src: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs) -> Path:
         dist = self.workspace / "dist"
         for attempt in range(1, OOM_COMPILE.attempts + 1):
@@ -448,7 +336,8 @@ class Builder:
             self.reporter.note(max_jobs=jobs.jobs, max_jobs_reason=jobs.reason)
             self.log.write(jobs.reason)
             self.facts.max_jobs = jobs
-            env = self._build_env(python, toolkit, jobs)
+            env = compile_env(self.workspace, python, toolkit, jobs, self.recipe,
+                              self.spec.variant)
             shutil.rmtree(dist, ignore_errors=True)
             argv = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                     "--no-index", "-v", "-w", str(dist), str(src)]
@@ -525,7 +414,7 @@ class Builder:
 
     def _import_check(self, wheel: Path, python: Path, modules: list[str]) -> None:
         uv = shutil.which("uv") or "uv"
-        env = self._install_env()
+        env = install_env()
         self._run_checked([uv, "pip", "install", "--python", str(python), "--no-deps",
                            "--reinstall", str(wheel)], env=env,
                           what="installing the wheel for the import check")

@@ -1,0 +1,94 @@
+"""The environment a build sees: an allow-list of the worker's, the probe wrapper first."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from wheelhouse.errors import BuildFailed, FailureKind
+from wheelhouse.fleet import ToolkitInfo
+from wheelhouse.maxjobs import MaxJobs
+from wheelhouse.recipes import load_recipe
+from wheelhouse.variants import Variant
+from worker.buildenv import compile_env, install_env, sanitized_env
+
+WORKER_ENV = {
+    "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C",
+    "AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s", "WHEELHOUSE_REDIS_URL": "r",
+    "WHEELHOUSE_STORAGE": "s3://b", "REDIS_URL": "redis://", "GITHUB_TOKEN": "t",
+    "HF_TOKEN": "t", "MY_API_KEY": "k", "TORCH_CUDA_ARCH_LIST": "5.0", "MAX_JOBS": "99",
+    "FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE", "CUDA_HOME": "/wrong", "PYTHONPATH": "/x",
+    "HTTPS_PROXY": "http://user:pw@proxy", "UV_CACHE_DIR": "/cache",
+}
+JOBS = MaxJobs(jobs=3, reason="MAX_JOBS=3: test", per_thread_bytes=1, nvcc_threads=1,
+               available_bytes=1, reserve_bytes=1, cores=3, learned=False)
+TOOLKIT = ToolkitInfo(cuda="13.0", home="/usr/local/cuda-13.0",
+                      nvcc="/usr/local/cuda-13.0/bin/nvcc")
+
+
+def test_sanitized_env_drops_credentials_and_switches() -> None:
+    assert sanitized_env(WORKER_ENV) == {
+        "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C",
+        "UV_CACHE_DIR": "/cache"}
+    assert sanitized_env(WORKER_ENV, install=True)["HTTPS_PROXY"] == "http://user:pw@proxy"
+
+
+def test_the_installer_sees_the_proxy_but_no_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in WORKER_ENV.items():
+        monkeypatch.setenv(k, v)
+    env = install_env()
+    assert env["HTTPS_PROXY"] == "http://user:pw@proxy" and env["UV_NO_PROGRESS"] == "1"
+    assert not {"AWS_SECRET_ACCESS_KEY", "WHEELHOUSE_REDIS_URL", "GITHUB_TOKEN"} & set(env)
+
+
+def _venv_with_ninja(tmp_path: Path) -> Path:
+    """A venv's bin folder whose ninja says what it was asked."""
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    ninja = bin_dir / "ninja"
+    ninja.write_text('#!/bin/sh\necho "real ninja $*"\n')
+    ninja.chmod(0o755)
+    return bin_dir / "python"
+
+
+def test_compile_env_puts_the_probe_first_and_the_recipe_last(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in WORKER_ENV.items():
+        monkeypatch.setenv(k, v)
+    python = _venv_with_ninja(tmp_path)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    variant = Variant.of("2.14", "13.0", ["sm80", "sm90"])
+    env = compile_env(workspace, python, TOOLKIT, JOBS, load_recipe("flash-attn"), variant)
+
+    path = env["PATH"].split(os.pathsep)
+    assert path[:3] == [str(workspace / "probe-bin"), str(python.parent),
+                        "/usr/local/cuda-13.0/bin"]
+    assert env["CUDA_HOME"] == "/usr/local/cuda-13.0" and env["MAX_JOBS"] == "3"
+    assert env["TMPDIR"] == str(workspace / "tmp") and (workspace / "tmp").is_dir()
+    # The recipe's [env], filled in, decides the build's switches, not the worker's.
+    assert env["FLASH_ATTN_CUDA_ARCHS"] == "80;90"
+    assert env["FLASH_ATTENTION_SKIP_CUDA_BUILD"] == "FALSE"
+    assert not {"AWS_SECRET_ACCESS_KEY", "WHEELHOUSE_REDIS_URL", "GITHUB_TOKEN",
+                "TORCH_CUDA_ARCH_LIST", "PYTHONPATH"} & set(env)
+    assert "HTTPS_PROXY" not in env  # only the installer goes to the network
+    # Outside a ninja build (no build.ninja) the wrapper is the real ninja.
+    out = subprocess.run(["ninja", "--version"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, check=True)
+    assert out.stdout == "real ninja --version\n"
+
+
+def test_compile_env_without_ninja_is_incompatible(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with pytest.raises(BuildFailed, match="ninja is neither") as err:
+        compile_env(workspace, python, TOOLKIT, JOBS, load_recipe("flash-attn"),
+                    Variant.of("2.14", "13.0"))
+    assert err.value.kind is FailureKind.INCOMPATIBLE
