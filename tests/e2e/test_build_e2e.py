@@ -149,6 +149,9 @@ def test_enqueue_build_publish_install_import(
     assert status.wheel == SPEC.expected_wheel_name
     assert status.max_jobs is not None and (status.max_jobs_reason or "").startswith("MAX_JOBS=")
     assert status.progress is not None and status.progress[0] == status.progress[1]
+    # The job's meta carries what the build measured, as the record does.
+    assert status.build.max_jobs is not None and status.build.max_jobs.jobs == status.max_jobs
+    assert status.build.peak_tree_bytes and status.build.seconds
     assert any("[probe 1/1]" in line for line in log_lines)
     # The advert shows the worker idle again by its next heartbeat (1 s here).
     deadline = time.monotonic() + 10
@@ -200,6 +203,7 @@ def test_a_compile_error_fails_once_with_its_reason(
     assert status.state is q.BuildState.FAILED
     assert status.failure_kind is FailureKind.COMPILE_ERROR
     assert status.reason == 'scale.cu(6): error: identifier "factr" is undefined'
+    assert status.build.seconds is not None and status.build.toolkit is not None
     # Not retried: another attempt can't fix a compile error (the job had one retry for
     # abandonment by a dead worker).
     time.sleep(2)

@@ -11,8 +11,9 @@ from rq import Queue
 from rq.job import Job, JobStatus
 
 from wheelhouse import queue as q
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.buildspec import BuildSpec
-from wheelhouse.errors import UnservableSpec
+from wheelhouse.errors import FailureKind, UnservableSpec
 from wheelhouse.fleet import (
     ToolkitInfo,
     WorkerAd,
@@ -22,6 +23,7 @@ from wheelhouse.fleet import (
     servable,
     servable_cuda,
 )
+from wheelhouse.retry import ABANDONED_JOBS
 
 
 @pytest.fixture
@@ -94,6 +96,7 @@ def test_failed_builds_rerun_only_when_asked(conn: redis.Redis) -> None:
     q.enqueue_build(conn, SPEC)
     job = Job.fetch(SPEC.job_id, connection=conn)
     job.meta["failure"] = {"kind": "compile_error", "reason": "csrc/x.cu(3): error: boom"}
+    job.meta["build"] = {"build_id": SPEC.job_id, "seconds": 12.5, "peak_tree_bytes": 2**30}
     job.save_meta()
     job.set_status(JobStatus.FAILED)
     q.append_log(conn, SPEC.job_id, ["old line"])
@@ -101,12 +104,20 @@ def test_failed_builds_rerun_only_when_asked(conn: redis.Redis) -> None:
     again = q.enqueue_build(conn, SPEC)
     assert not again.created and again.state is q.BuildState.FAILED
     status = q.get_build(conn, SPEC.job_id)
-    assert status is not None and status.failure_kind == "compile_error"
+    assert status is not None and status.failure_kind is FailureKind.COMPILE_ERROR
     assert status.reason == "csrc/x.cu(3): error: boom"
+    assert status.build == BuildFacts(build_id=SPEC.job_id, seconds=12.5, peak_tree_bytes=2**30)
 
     rerun = q.enqueue_build(conn, SPEC, rerun_failed=True)
     assert rerun.created and rerun.state is q.BuildState.QUEUED
     assert q.log_since(conn, SPEC.job_id) == ([], 0)  # the old attempt's live log is gone
+
+
+def test_an_abandoned_job_is_retried_as_the_policy_says(conn: redis.Redis) -> None:
+    q.enqueue_build(conn, SPEC, require_worker=False)
+    job = Job.fetch(SPEC.job_id, connection=conn)
+    assert job.retries_left == ABANDONED_JOBS.retries == 1
+    assert job.retry_intervals == [0]
 
 
 def test_cancel_queued_and_running(conn: redis.Redis) -> None:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 import requests
 
+from tests.helpers import QuietHandler, free_port, serve_http
 from wheelhouse.config import Config
-from wheelhouse.errors import StorageError
+from wheelhouse.errors import StorageUnavailable
+from wheelhouse.retry import S3_REQUESTS, RetryPolicy
 from wheelhouse.storage import (
     LocalStorage,
     ObjectInfo,
@@ -23,6 +27,9 @@ from wheelhouse.storage import (
     make_s3_client,
     open_storage,
 )
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
 
 DATA = bytes(range(256)) * 40  # 10 KiB, every byte value
 
@@ -219,14 +226,157 @@ def test_missing_keys_raise_file_not_found(storage: Storage, tmp_path: Path, key
     assert not storage.exists(key)
 
 
-def test_ping(storage: Storage) -> None:
-    storage.ping()
+def test_ping_tells_a_working_storage_from_a_broken_one(storage: Storage, tmp_path: Path) -> None:
+    storage.ping()  # answers: no exception
+    storage.put_bytes("after-ping", b"x")
+    assert storage.get_bytes("after-ping") == b"x"
+    broken = _broken_twin(storage, tmp_path)
+    with pytest.raises(StorageUnavailable):
+        broken.ping()
+
+
+def _broken_twin(storage: Storage, tmp_path: Path) -> Storage:
+    """The same kind of storage, unusable: a root that is a file, or nothing at the endpoint."""
+    if isinstance(storage, LocalStorage):
+        (tmp_path / "not-a-dir").write_bytes(b"")
+        return LocalStorage(tmp_path / "not-a-dir")
+    assert isinstance(storage, S3Storage)
+    return S3Storage(_client(f"http://127.0.0.1:{free_port()}"), storage.bucket, storage.prefix)
 
 
 def test_ping_missing_bucket(s3_config: Config) -> None:
     storage = S3Storage(make_s3_client(s3_config), "no-such-bucket-here")
-    with pytest.raises(StorageError, match="no-such-bucket-here"):
+    with pytest.raises(StorageUnavailable, match="no-such-bucket-here"):
         storage.ping()
+
+
+# --- every backend error becomes a project error ---------------------------------------------
+
+#: One attempt, short timeouts: failures show at once.
+_IMPATIENT = RetryPolicy(attempts=1, timeout=1)
+
+
+def _client(endpoint: str, policy: RetryPolicy = _IMPATIENT) -> S3Client:
+    return make_s3_client(Config(storage="s3://b", s3_endpoint_url=endpoint), policy=policy)
+
+
+def _operations(storage: Storage, tmp_path: Path) -> dict[str, Callable[[], object]]:
+    src = tmp_path / "src.whl"
+    src.write_bytes(DATA)
+    return {
+        "upload": lambda: storage.put_file("w/a.whl", src),
+        "put": lambda: storage.put_bytes("w/a", b"x"),
+        "put exclusive": lambda: storage.put_bytes("w/a", b"x", exclusive=True),
+        "get": lambda: storage.get_bytes("w/a"),
+        "range": lambda: list(storage.iter_range("w/a", 0, 10)),
+        "head": lambda: storage.stat("w/a"),
+        "exists": lambda: storage.exists("w/a"),
+        "download": lambda: storage.download("w/a", tmp_path / "dest"),
+        "list": lambda: list(storage.list("w/")),
+        "delete": lambda: storage.delete("w/a"),
+        "list uploads": lambda: list(storage.list_partials()),
+        "abort upload": lambda: storage.delete_partial("w/a?uploadId=1"),
+    }
+
+
+def _assert_unavailable(call: Callable[[], object], *, bucket: str = "wheels") -> None:
+    with pytest.raises(StorageUnavailable) as err:
+        call()
+    assert f"S3 bucket {bucket!r}" in str(err.value)
+    # The vendor's exception is kept as the cause, for the logs, but is never what is raised.
+    assert not type(err.value).__module__.startswith(("botocore", "boto3"))
+
+
+def test_s3_unreachable_endpoint_is_unavailable_for_every_operation(tmp_path: Path,
+                                                                    s3_env: dict[str, str]) -> None:
+    storage = S3Storage(_client(f"http://127.0.0.1:{free_port()}"), "wheels", "idx")
+    for name, call in _operations(storage, tmp_path).items():
+        with pytest.raises(StorageUnavailable, match="Could not connect") as err:
+            call()
+        assert "S3 bucket 'wheels'" in str(err.value), name
+
+
+def test_s3_silent_endpoint_times_out_into_unavailable(tmp_path: Path,
+                                                       s3_env: dict[str, str]) -> None:
+    # A socket that listens but never answers: connections succeed (the kernel's backlog),
+    # requests never get a reply, so only the read timeout ends them.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        storage = S3Storage(_client(f"http://127.0.0.1:{silent.getsockname()[1]}"), "wheels")
+        started = time.monotonic()
+        with pytest.raises(StorageUnavailable, match="timeout"):
+            storage.get_bytes("w/a")
+        assert time.monotonic() - started < 30
+
+
+class _Overloaded(QuietHandler):
+    """An S3 endpoint that answers every request with 503 SlowDown."""
+
+    requests: ClassVar[int] = 0
+
+    def _answer(self) -> None:
+        type(self).requests += 1
+        body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                b"<Message>Please reduce your request rate.</Message></Error>")
+        self.send_body(body if self.command != "HEAD" else b"", "application/xml", status=503)
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _answer
+
+
+def test_s3_throttling_is_retried_by_the_policy_then_unavailable(tmp_path: Path,
+                                                                 s3_env: dict[str, str]) -> None:
+    with serve_http(_Overloaded) as url:
+        storage = S3Storage(_client(url, RetryPolicy(attempts=3, timeout=5)), "wheels")
+        _Overloaded.requests = 0
+        with pytest.raises(StorageUnavailable, match="SlowDown") as err:
+            storage.put_bytes("w/a", b"x")
+        assert _Overloaded.requests == 3  # the policy's attempts, by botocore's own backoff
+        assert "put w/a" in str(err.value)
+        once = S3Storage(_client(url), "wheels")
+        for call in _operations(once, tmp_path).values():
+            _assert_unavailable(call)
+
+
+def test_s3_missing_bucket_is_unavailable_but_a_missing_key_is_not_found(
+        s3_storage: S3Storage, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        s3_storage.get_bytes("no/such/key")
+    gone = S3Storage(s3_storage.client, "no-such-bucket-here", "idx")
+    for name, call in _operations(gone, tmp_path).items():
+        if name in ("delete", "abort upload"):
+            continue  # moto answers these without looking for the bucket
+        if name in ("head", "exists", "download"):
+            continue  # a HEAD's 404 has no body to tell a bucket from a key: see ping
+        with pytest.raises(StorageUnavailable, match="NoSuchBucket"):
+            call()
+
+
+def test_s3_client_attempts_and_timeouts_come_from_the_policy() -> None:
+    client = _client("http://127.0.0.1:9", RetryPolicy(attempts=3, timeout=7))
+    assert client.meta.config.retries["total_max_attempts"] == 3
+    assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (7, 7)
+    default = make_s3_client(Config(storage="s3://b", s3_endpoint_url="http://127.0.0.1:9"))
+    assert default.meta.config.retries["total_max_attempts"] == S3_REQUESTS.attempts == 4
+    assert default.meta.config.read_timeout == 60  # botocore's own, until a policy says
+
+
+def test_local_storage_whose_root_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    storage = LocalStorage(tmp_path / "file")
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    for write in (lambda: storage.put_bytes("a/b", b"x"),
+                  lambda: storage.put_bytes("a", b"x", exclusive=True),
+                  lambda: storage.put_file("a", src)):
+        with pytest.raises(StorageUnavailable, match="cannot write"):
+            write()
+    # Reading through a file finds nothing, as on S3.
+    with pytest.raises(FileNotFoundError):
+        storage.get_bytes("a")
+    with pytest.raises(FileNotFoundError):
+        storage.stat("a/b")
+    assert not storage.exists("a") and list(storage.list("")) == []
 
 
 def test_local_ping_creates_the_root(tmp_path: Path) -> None:
@@ -273,6 +423,12 @@ def test_local_skips_partial_writes(local_storage: LocalStorage) -> None:
     (local_storage.root / "w" / ".tmp-abc.part").write_bytes(b"half")
     assert _keys(list(local_storage.list("w/"))) == {"w/a"}
     assert [o.key for o in local_storage.list_partials()] == ["w/.tmp-abc.part"]
+    local_storage.delete_partial("w/.tmp-abc.part")
+    assert list(local_storage.list_partials()) == []
+    assert local_storage.get_bytes("w/a") == b"a"
+    with pytest.raises(ValueError, match="not a partial write"):
+        local_storage.delete_partial("w/a")
+    assert local_storage.exists("w/a")
 
 
 def test_s3_lists_unfinished_multipart_uploads(s3_storage: S3Storage) -> None:
@@ -280,6 +436,11 @@ def test_s3_lists_unfinished_multipart_uploads(s3_storage: S3Storage) -> None:
                                                    Key=s3_storage.prefix + "w/big.whl")
     assert [o.key for o in s3_storage.list_partials()] == [f"w/big.whl?uploadId={up['UploadId']}"]
     assert list(s3_storage.list("w/")) == []
+    s3_storage.delete_partial(f"w/big.whl?uploadId={up['UploadId']}")
+    assert list(s3_storage.list_partials()) == []
+    s3_storage.delete_partial(f"w/big.whl?uploadId={up['UploadId']}")  # already gone: fine
+    with pytest.raises(ValueError, match="not an unfinished upload"):
+        s3_storage.delete_partial("w/big.whl")
 
 
 @pytest.mark.parametrize(("url", "kind", "where"), [

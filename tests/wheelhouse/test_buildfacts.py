@@ -1,0 +1,66 @@
+"""BuildFacts: what a build measured, the same in the record, the job's meta and a failure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from wheelhouse.buildfacts import BuildFacts, Reaped
+from wheelhouse.maxjobs import MaxJobs
+
+JOBS = MaxJobs(jobs=6, reason="MAX_JOBS=6: 6 jobs of 5.0 GiB fit", per_thread_bytes=5 * 2**30,
+               nvcc_threads=2, available_bytes=40 * 2**30, reserve_bytes=8 * 2**30, cores=32,
+               learned=True)
+FULL = BuildFacts(
+    build_id="wh1a2b3c4d-build-x", recipe="flash-attn", host="gpu-1", toolkit="V13.0.88",
+    torch="2.14.1+cu130", sdist="flash_attn-2.8.3.tar.gz", sdist_sha256="ab" * 32,
+    max_jobs=JOBS, peak_tree_bytes=3 * 2**30, peak_job_bytes=2**30, governor_pauses=2,
+    reaped=Reaped(processes=3, signals=("SIGTERM", "SIGKILL"), seconds=5.2, survivors=0),
+    seconds=812.4, log_key="logs/torch2.14-cu130/flash-attn/x.whl.log",
+)
+
+#: What the worker wrote into records before BuildFacts existed (a dict it built step by step).
+OLD_RECORD_BUILD: dict[str, Any] = {
+    "build_id": "build-x", "recipe": "cudaext", "host": "box", "toolkit": "V13.0.88",
+    "torch": "2.14.1+cu130", "sdist": "cudaext-0.1.0.tar.gz",
+    "max_jobs": {**JOBS.to_dict()}, "peak_tree_bytes": 123, "governor_pauses": 0,
+    "reaped": {"processes": 1, "signals": ["SIGTERM"], "seconds": 0.01, "survivors": 0},
+    "peak_job_bytes": 45, "seconds": 61.2, "log_key": "logs/x.log",
+}
+
+
+def test_round_trip_through_json() -> None:
+    data = json.loads(json.dumps(FULL.to_dict()))
+    assert BuildFacts.from_dict(data) == FULL
+    assert data["reaped"]["signals"] == ["SIGTERM", "SIGKILL"]
+    assert data["max_jobs"]["reason"] == JOBS.reason
+
+
+def test_what_is_not_known_is_left_out() -> None:
+    assert BuildFacts().to_dict() == {}
+    assert BuildFacts(build_id="b", seconds=1.5).to_dict() == {"build_id": "b", "seconds": 1.5}
+    assert BuildFacts.from_dict({}) == BuildFacts()
+
+
+def test_older_records_read_back() -> None:
+    facts = BuildFacts.from_dict(OLD_RECORD_BUILD)
+    assert facts.max_jobs == JOBS and facts.peak_tree_bytes == 123
+    assert facts.reaped == Reaped(processes=1, signals=("SIGTERM",), seconds=0.01, survivors=0)
+    assert facts.to_dict() == OLD_RECORD_BUILD
+
+
+@pytest.mark.parametrize("data", [None, [], "x", 3])
+def test_no_facts_at_all(data: Any) -> None:
+    assert BuildFacts.from_dict(data) == BuildFacts()
+
+
+def test_unknown_keys_are_ignored_and_mistyped_values_dropped() -> None:
+    facts = BuildFacts.from_dict({
+        "build_id": "b", "from_the_future": {"x": 1}, "peak_tree_bytes": "3 GiB",
+        "governor_pauses": True, "seconds": 2, "toolkit": 13, "reaped": "none",
+        "max_jobs": {"jobs": 2, "reason": "r"},  # fields missing: not a decision to stand by
+    })
+    assert facts == BuildFacts(build_id="b", seconds=2.0)
+    assert isinstance(facts.seconds, float)
