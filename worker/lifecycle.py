@@ -87,7 +87,7 @@ def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str) -> list[
     RQ notices an abandoned job only when its heartbeat entry expires and a maintenance pass
     runs (minutes later). A worker that is gone (no advert, or its process is dead on this
     host) is known sooner: its started jobs are marked expired and RQ's cleanup then retries
-    each once (``Retry(max=1)``) or fails it.
+    each once more (``wheelhouse.retry.ABANDONED_JOBS``) or fails it.
     """
     from rq.job import Job
     from rq.registry import StartedJobRegistry
