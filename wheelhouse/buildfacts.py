@@ -10,10 +10,25 @@ records: a missing key is unknown, an unknown key is ignored, a mistyped value i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from wheelhouse.maxjobs import MaxJobs
+
+@dataclass(frozen=True)
+class MaxJobs:
+    """How many jobs, and why; serialized into the build record."""
+
+    jobs: int
+    reason: str
+    per_thread_bytes: int
+    nvcc_threads: int
+    available_bytes: int
+    reserve_bytes: int
+    cores: int
+    learned: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)

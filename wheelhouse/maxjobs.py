@@ -10,9 +10,8 @@ reason, which goes into the build record.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
-from typing import Any
 
+from wheelhouse.buildfacts import MaxJobs
 from wheelhouse.storage import Storage
 
 GIB = 1024**3
@@ -35,23 +34,6 @@ def reserve_bytes(total: int) -> int:
     """
     fixed = min(BIG_HOST_RESERVE, int(total * SMALL_HOST_FRACTION))
     return max(int(total * RESERVE_FRACTION), fixed, MIN_RESERVE)
-
-
-@dataclass(frozen=True)
-class MaxJobs:
-    """How many jobs, and why; serialized into the build record."""
-
-    jobs: int
-    reason: str
-    per_thread_bytes: int
-    nvcc_threads: int
-    available_bytes: int
-    reserve_bytes: int
-    cores: int
-    learned: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _gib(n: int) -> str:

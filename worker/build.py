@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from wheelhouse.buildfacts import BuildFacts, Reaped
+from wheelhouse.buildfacts import BuildFacts, MaxJobs, Reaped
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Record, record_key
 from wheelhouse.config import Config
@@ -38,7 +38,7 @@ from wheelhouse.errors import (
     WheelhouseError,
 )
 from wheelhouse.fleet import ToolkitInfo, pick_toolkit
-from wheelhouse.maxjobs import GIB, MaxJobs, decide, record_peaks, reserve_bytes
+from wheelhouse.maxjobs import GIB, decide, record_peaks, reserve_bytes
 from wheelhouse.publish import publish
 from wheelhouse.recipes import Recipe, load_recipe, recipe_dirs
 from wheelhouse.retry import BUILD_STEPS, LOG_UPLOAD, OOM_COMPILE, RetryPolicy

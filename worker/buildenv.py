@@ -13,9 +13,9 @@ import shutil
 import stat
 from pathlib import Path
 
+from wheelhouse.buildfacts import MaxJobs
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.maxjobs import MaxJobs
 from wheelhouse.recipes import Recipe
 from wheelhouse.variants import Variant
 

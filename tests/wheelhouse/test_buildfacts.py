@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from wheelhouse.buildfacts import BuildFacts, Reaped
-from wheelhouse.maxjobs import MaxJobs
+from wheelhouse.buildfacts import BuildFacts, MaxJobs, Reaped
 
 JOBS = MaxJobs(jobs=6, reason="MAX_JOBS=6: 6 jobs of 5.0 GiB fit", per_thread_bytes=5 * 2**30,
                nvcc_threads=2, available_bytes=40 * 2**30, reserve_bytes=8 * 2**30, cores=32,

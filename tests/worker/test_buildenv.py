@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from wheelhouse.buildfacts import MaxJobs
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.maxjobs import MaxJobs
 from wheelhouse.recipes import load_recipe
 from wheelhouse.variants import Variant
 from worker.buildenv import compile_env, install_env, sanitized_env
