@@ -74,9 +74,12 @@ class InfrastructureError(WheelhouseError, RuntimeError):
 
 
 class FailureKind(StrEnum):
-    """Why a build failed; decides whether it is retried and what the user is told."""
+    """Why a build failed; decides whether it is retried and what the user is told.
 
-    COMPILE_ERROR = "compile_error"
+    Values are lower-case words joined by hyphens (``compile-error``, ``unsafe-archive``).
+    """
+
+    COMPILE_ERROR = "compile-error"
     """The sources do not compile: not retried."""
     OOM = "oom"
     """A compile was killed for memory: retried once at half the MAX_JOBS."""
@@ -95,9 +98,12 @@ class FailureKind(StrEnum):
 
     @classmethod
     def parse(cls, value: object) -> FailureKind | None:
-        """The kind a job's meta names, or None for none or one this version doesn't know."""
+        """The kind a job's meta names, or None for none or one this version doesn't know.
+
+        Records written before kinds were hyphenated (``compile_error``) still parse.
+        """
         try:
-            return cls(str(value)) if value is not None else None
+            return cls(str(value).replace("_", "-")) if value is not None else None
         except ValueError:
             return None
 

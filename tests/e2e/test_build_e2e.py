@@ -211,7 +211,7 @@ def test_a_compile_error_fails_once_with_its_reason(
     assert again is not None and again.state is q.BuildState.FAILED
     assert not q.enqueue_build(conn, broken, source=str(sdist)).created
     log = open_storage(fleet_config).get_bytes(log_key(broken)).decode()
-    assert "FAILED [compile_error]" in log
+    assert "FAILED [compile-error]" in log
 
 
 # --- the real flash-attn sdist ----------------------------------------------------------------

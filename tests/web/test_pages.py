@@ -394,7 +394,7 @@ def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
 
 def test_build_page_of_a_failure_puts_the_reason_first(client: FlaskClient, conn: Redis) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.FAILED, phase="failed",
-                        failure={"kind": "compile_error",
+                        failure={"kind": "compile-error",
                                  "reason": "csrc/flash_api.cpp:12: error: no member named 'x'"})
     append_log(conn, job_id, ["line before", "csrc/flash_api.cpp:12: error: no member named 'x'"])
     page = client.get(f"/builds/{job_id}").text

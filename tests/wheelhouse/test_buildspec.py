@@ -154,3 +154,14 @@ def test_failure_kinds_are_strings_with_a_retry_policy() -> None:
     assert FailureKind("incompatible") is FailureKind.INCOMPATIBLE
     assert FailureKind.OOM == "oom"
     assert {k for k in FailureKind if k.retryable} == {FailureKind.INFRASTRUCTURE, FailureKind.OOM}
+
+
+@pytest.mark.parametrize(("raw", "kind"), [
+    ("compile-error", FailureKind.COMPILE_ERROR),
+    ("compile_error", FailureKind.COMPILE_ERROR),  # written before kinds were hyphenated
+    ("oom", FailureKind.OOM),
+    ("no-such-kind", None),
+    (None, None),
+])
+def test_failure_kinds_parse_old_and_new_spellings(raw: object, kind: FailureKind | None) -> None:
+    assert FailureKind.parse(raw) is kind

@@ -115,7 +115,7 @@ def test_a_compile_error_surfaces_from_the_probe(tmp_path: Path) -> None:
     log = storage.get_bytes(log_key(SPEC)).decode()
     # Only the probe ran: the heavy translation units were never started.
     assert "[probe 1/1]" in log and "[1/" not in log and "bindings.cpp" not in log
-    assert "FAILED [compile_error]" in log
+    assert "FAILED [compile-error]" in log
     assert not list(storage.list("records/"))
 
 
@@ -138,7 +138,7 @@ def test_wheelhouse_build_exits_non_zero_with_the_reason(tmp_path: Path) -> None
     assert out.returncode == 1, out.stderr
     assert "==> compile" in out.stderr and "MAX_JOBS=" in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith(
-        "Error: build failed [compile_error]: add.cu(1): error:")
+        "Error: build failed [compile-error]: add.cu(1): error:")
     assert "Traceback" not in out.stderr
 
 
