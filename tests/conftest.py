@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import free_port, wait_for_port
+from tests.helpers import TLSFiles, free_port, make_tls_certs, wait_for_port
 from wheelhouse.config import Config
 from wheelhouse.storage import LocalStorage, S3Storage, Storage
 
@@ -66,6 +68,53 @@ def redis_url(redis_server: str) -> Iterator[str]:
     yield url
     conn.flushdb()
     conn.close()
+
+
+@dataclass(frozen=True)
+class TLSRedis:
+    """A redis-server that speaks only TLS and wants a password, as a remote worker meets it."""
+
+    port: int
+    tls: TLSFiles
+    password: str
+    password_file: Path
+
+    def url(self, db: int = 0, *, host: str = "localhost", ca: bool = True) -> str:
+        """``rediss://`` without the password, verifying the server with the test CA."""
+        query = f"?ssl_ca_certs={self.tls.ca}" if ca else ""
+        return f"rediss://{host}:{self.port}/{db}{query}"
+
+
+@pytest.fixture(scope="session")
+def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRedis]:
+    """redis-server with ``requirepass`` (given on its stdin, as compose.yaml does) and only a
+    TLS port, with a certificate from a private CA made by the openssl command."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    workdir = tmp_path_factory.mktemp("tls-redis")
+    tls = make_tls_certs(workdir / "tls")
+    password = secrets.token_hex(32)
+    password_file = workdir / "redis_password"
+    password_file.write_text(password + "\n")
+    password_file.chmod(0o600)
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "-", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key),
+         "--tls-ca-cert-file", str(tls.ca), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(f"requirepass {password}\n".encode())
+    proc.stdin.close()
+    try:
+        wait_for_port(port)
+        yield TLSRedis(port=port, tls=tls, password=password, password_file=password_file)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

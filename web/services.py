@@ -17,6 +17,7 @@ from web.caches import FormatCache, MetadataCache, PageCache, VersionsCache
 from web.metrics import Metrics
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
+from wheelhouse.redisconn import connect
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.upstream import Router
 
@@ -51,11 +52,8 @@ class Services:
         store = storage if storage is not None else open_storage(config)
         redis_conn = None
         if config.redis_url:
-            from redis import Redis
-
             # Short timeouts: a page must not hang because the queue is down.
-            redis_conn = Redis.from_url(config.redis_url, socket_timeout=2,
-                                        socket_connect_timeout=2)
+            redis_conn = connect(config, timeout=2)
         return cls(
             config=config,
             storage=store,

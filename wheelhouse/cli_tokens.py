@@ -33,11 +33,11 @@ _ENDED_WITHOUT_WHEEL = (BuildState.FAILED.value, BuildState.CANCELLED.value)
 
 
 def _redis(config: Config) -> Redis:
-    from redis import Redis
+    from wheelhouse.redisconn import connect
 
     if not config.redis_url:
         raise click.ClickException("tokens live in Redis: set WHEELHOUSE_REDIS_URL")
-    return Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    return connect(config, timeout=5)
 
 
 @click.group()

@@ -96,6 +96,9 @@ class Config:
     login_rate_limit: str = "10/60"
     """Failed token sign-ins allowed per client address, as ``COUNT/SECONDS``."""
 
+    redis_password_file: str | None = None
+    """File holding the Redis password (e.g. a Docker secret), for a Redis URL without one."""
+
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
 

@@ -69,6 +69,10 @@ class TokenError(WheelhouseError, ValueError):
     """A token name or scope that is not allowed, or a name that is already taken."""
 
 
+class RedisSettingError(WheelhouseError, ValueError):
+    """Redis settings that cannot be used: a password file that can't be read, or two passwords."""
+
+
 class InfrastructureError(WheelhouseError, RuntimeError):
     """A failure outside the build itself (network, index, installer): worth retrying."""
 

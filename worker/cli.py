@@ -137,11 +137,11 @@ def build_command(config: Config, target: str, torch_version: str, cuda: str,
 @pass_config
 def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
     """List the live build workers and what they can build."""
-    import redis
+    from wheelhouse.redisconn import connect
 
     if not config.redis_url:
         raise click.ClickException("WHEELHOUSE_REDIS_URL is not set")
-    conn = redis.Redis.from_url(config.redis_url, socket_timeout=5, socket_connect_timeout=5)
+    conn = connect(config, timeout=5)
     ads = live_workers(conn)
     if this_host:
         # A container healthcheck: healthy while a worker of this host keeps its heartbeat.

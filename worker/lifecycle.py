@@ -204,14 +204,13 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     RQ's work loop runs; withdraw the advert on the way out. ``say`` gets one line for each
     thing an operator should see.
     """
-    import redis
-
+    from wheelhouse.redisconn import connect
     from worker.reaper import become_subreaper
 
     if not config.redis_url:
         raise ValueError("a worker needs Redis: the configuration has no redis_url")
     name = name or default_name()
-    conn = redis.Redis.from_url(config.redis_url)
+    conn = connect(config)
     # Orphans of a build re-parent to this process, not to init, so that they can be reaped.
     become_subreaper()
     say(sweep_stale(conn, config, name=name))
