@@ -73,6 +73,11 @@ class RedisSettingError(WheelhouseError, ValueError):
     """Redis settings that cannot be used: a password file that can't be read, or two passwords."""
 
 
+class RefusedJob(WheelhouseError, ValueError):
+    """A job in the build queue that is not a build request: another function, arguments that
+    do not validate as one, or data that is not JSON. It is failed without being run."""
+
+
 class InfrastructureError(WheelhouseError, RuntimeError):
     """A failure outside the build itself (network, index, installer): worth retrying."""
 
@@ -95,6 +100,9 @@ class FailureKind(StrEnum):
     """Storage, network or Redis failed: retried with backoff."""
     CANCELLED = "cancelled"
     """Someone cancelled the build."""
+    REFUSED_JOB = "refused-job"
+    """The queue held a job that is not a build request (see ``RefusedJob``): never run, not
+    retried."""
 
     @property
     def retryable(self) -> bool:

@@ -1,9 +1,10 @@
 """The build queue as the web and the CLI use it: enqueue idempotently, look up, cancel, tail,
 and scan RQ's registries (every build job at once; durations of finished builds).
 
-Jobs are enqueued by dotted path (``worker.jobs.run_build``), so the web never imports the
-worker. One spec has one deterministic job id: a second request finds the queued, running or
-finished job; a failed one is only re-run when asked to. The worker reports through the job's
+Jobs are JSON naming ``worker.jobs.run_build`` by path (``wheelhouse.buildjob``), so the web
+never imports the worker and a job is data, never code. One spec has one deterministic job id:
+a second request finds the queued, running or finished job; a failed one is only re-run when
+asked to. The worker reports through the job's
 meta (phase, progress, MAX_JOBS, failure, the build's facts) and a capped Redis list (the live
 log).
 """
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.buildspec import BuildSpec
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
     from redis import Redis
     from rq.job import Job
 
-JOB_FUNCTION = "worker.jobs.run_build"
+    from wheelhouse.buildjob import BuildJob
+
 LOG_PREFIX = "wheelhouse:log:"
 LOG_COUNT_PREFIX = "wheelhouse:logn:"
 CANCEL_PREFIX = "wheelhouse:cancel:"
@@ -97,12 +99,14 @@ class Enqueued:
     """False when an existing job was returned instead of a new one."""
 
 
-def _fetch(conn: Redis, job_id: str) -> Job | None:
+def fetch_job(conn: Redis, job_id: str) -> BuildJob | None:
+    """The build job ``job_id`` (read as JSON, never unpickled), or None if there is none."""
     from rq.exceptions import NoSuchJobError
-    from rq.job import Job
+
+    from wheelhouse.buildjob import SERIALIZER, BuildJob
 
     try:
-        return Job.fetch(job_id, connection=conn)
+        return cast("BuildJob", BuildJob.fetch(job_id, connection=conn, serializer=SERIALIZER))
     except NoSuchJobError:
         return None
 
@@ -135,19 +139,21 @@ def enqueue_build(
     from rq import Queue, Retry
     from rq.exceptions import DuplicateJobError
 
+    from wheelhouse.buildjob import JOB_FUNCTION, SERIALIZER, BuildJob
+
     if require_worker:
         why = explain_unservable(conn, spec)
         if why is not None:
             raise UnservableSpec(why)
     job_id = spec.job_id
-    existing = _fetch(conn, job_id)
+    existing = fetch_job(conn, job_id)
     if existing is not None:
         state = state_of(existing)
         if not (rerun_failed and state in (BuildState.FAILED, BuildState.CANCELLED)):
             return Enqueued(job_id, state, created=False)
         existing.delete()
         conn.delete(LOG_PREFIX + job_id, LOG_COUNT_PREFIX + job_id, CANCEL_PREFIX + job_id)
-    queue = Queue(spec.queue_name, connection=conn)
+    queue = Queue(spec.queue_name, connection=conn, job_class=BuildJob, serializer=SERIALIZER)
     try:
         queue.enqueue(
             JOB_FUNCTION, spec.to_dict(), source, timeout,
@@ -162,14 +168,14 @@ def enqueue_build(
             meta={"spec": spec.to_dict(), "phase": "queued"},
         )
     except DuplicateJobError:
-        job = _fetch(conn, job_id)
+        job = fetch_job(conn, job_id)
         return Enqueued(job_id, state_of(job) if job else BuildState.QUEUED, created=False)
     return Enqueued(job_id, BuildState.QUEUED, created=True)
 
 
 def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
     """The build's state and progress, or None for an unknown id."""
-    job = _fetch(conn, job_id)
+    job = fetch_job(conn, job_id)
     if job is None:
         return None
     meta = dict(job.meta)
@@ -206,7 +212,7 @@ def _last_line(text: str | None) -> str | None:
 
 def cancel_build(conn: Redis, job_id: str) -> bool:
     """Cancel a queued build, or ask a running one to stop; False if it already ended."""
-    job = _fetch(conn, job_id)
+    job = fetch_job(conn, job_id)
     if job is None:
         return False
     state = state_of(job)
@@ -267,13 +273,14 @@ def log_tail(conn: Redis, job_id: str, lines: int = 200) -> list[str]:
 def all_build_jobs(conn: Redis, *, finished_limit: int = 2000) -> list[Job]:
     """Every build job the queues and registries know, fetched in one pipeline."""
     from rq import Queue
-    from rq.job import Job
     from rq.registry import (
         CanceledJobRegistry,
         FailedJobRegistry,
         FinishedJobRegistry,
         StartedJobRegistry,
     )
+
+    from wheelhouse.buildjob import SERIALIZER, BuildJob
 
     ids: dict[str, None] = {}
     for queue in Queue.all(connection=conn):
@@ -287,7 +294,8 @@ def all_build_jobs(conn: Redis, *, finished_limit: int = 2000) -> list[Job]:
         for jid in FinishedJobRegistry(queue.name, connection=conn).get_job_ids(
                 -finished_limit, -1):
             ids[jid] = None
-    return [j for j in Job.fetch_many(list(ids), connection=conn) if j is not None]
+    jobs = BuildJob.fetch_many(list(ids), connection=conn, serializer=SERIALIZER)
+    return [j for j in jobs if j is not None]
 
 
 def finished_durations(conn: Redis, queue: str, project: str, *, exclude: str | None = None,
@@ -297,13 +305,14 @@ def finished_durations(conn: Redis, queue: str, project: str, *, exclude: str | 
     Looks at the ``scan`` oldest entries of the finished registry, of which the last ``keep``
     (other than ``exclude``) are fetched in one pipeline.
     """
-    from rq.job import Job
     from rq.registry import FinishedJobRegistry
+
+    from wheelhouse.buildjob import SERIALIZER, BuildJob
 
     ids = FinishedJobRegistry(queue, connection=conn).get_job_ids(0, scan - 1)
     ids = [i for i in ids if i != exclude][-keep:]
     durations = []
-    for job in Job.fetch_many(ids, connection=conn):
+    for job in BuildJob.fetch_many(ids, connection=conn, serializer=SERIALIZER):
         if job is None or job.started_at is None or job.ended_at is None:
             continue
         if (job.meta.get("spec") or {}).get("project") == project:

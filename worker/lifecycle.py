@@ -35,10 +35,14 @@ def _build_worker_class() -> type[Any]:
     from rq import Worker
 
     class BuildWorker(Worker):
-        """An RQ worker that doesn't retry failures another attempt can't fix.
+        """An RQ worker that runs build requests only, and doesn't retry failures another
+        attempt can't fix.
 
-        Jobs are enqueued with one retry, for a job abandoned by a worker that died; a compile
-        error, a timeout or an incompatible combination fails for good on the first attempt.
+        Its jobs are :class:`~wheelhouse.buildjob.BuildJob` read as JSON: a job that names
+        another function, or whose arguments aren't a valid build request, fails as
+        ``refused-job`` without anything it names being imported. Jobs are enqueued with one
+        retry, for a job abandoned by a worker that died; a compile error, a timeout or an
+        incompatible combination fails for good on the first attempt.
         """
 
         def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
@@ -89,18 +93,22 @@ def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str) -> list[
     host) is known sooner: its started jobs are marked expired and RQ's cleanup then retries
     each once more (``wheelhouse.retry.ABANDONED_JOBS``) or fails it.
     """
-    from rq.job import Job
     from rq.registry import StartedJobRegistry
+
+    from wheelhouse.buildjob import SERIALIZER, BuildJob
+    from wheelhouse.queue import fetch_job
 
     live = _live_names(conn) | {me}
     abandoned: list[str] = []
     for name in queues:
-        registry = StartedJobRegistry(name, connection=conn)
+        # RQ's cleanup fetches these jobs too: as build jobs, which run no callbacks.
+        registry = StartedJobRegistry(name, connection=conn, job_class=BuildJob,
+                                      serializer=SERIALIZER)
         expired = {}
         for member in conn.zrange(registry.key, 0, -1):
             entry = member.decode() if isinstance(member, bytes) else str(member)
             job_id = registry.parse_job_id(entry)
-            job = Job.fetch(job_id, connection=conn) if Job.exists(job_id, conn) else None
+            job = fetch_job(conn, job_id)
             if job is not None and job.worker_name and job.worker_name not in live:
                 expired[entry] = 0
                 abandoned.append(job_id)
@@ -204,6 +212,7 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     RQ's work loop runs; withdraw the advert on the way out. ``say`` gets one line for each
     thing an operator should see.
     """
+    from wheelhouse.buildjob import SERIALIZER, BuildJob
     from wheelhouse.redisconn import connect
     from worker.reaper import become_subreaper
 
@@ -217,7 +226,8 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     say(f"listening on {', '.join(queues)}")
     ad = replace(caps.advert(name, started_at=time.time()), queues=queues,
                  extra={"pid": os.getpid()})
-    rq_worker = _build_worker_class()(list(queues), connection=conn, name=name)
+    rq_worker = _build_worker_class()(list(queues), connection=conn, name=name,
+                                      job_class=BuildJob, serializer=SERIALIZER)
     heartbeat = _Heartbeat(conn, ad, float(config.worker_heartbeat_seconds),
                            rq_worker.get_current_job_id)
     heartbeat.beat()

@@ -28,6 +28,7 @@ import redis
 import requests
 
 from tests.helpers import (
+    build_job,
     clean_env,
     config_env,
     fake_cuda_toolkit,
@@ -177,18 +178,16 @@ def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
         [b_build] = theirs.json()["builds"]
 
         # The 12.8 job is taken by gpu-b, the only worker with that toolkit; then cancel it.
-        from rq.job import Job
-
         deadline = time.monotonic() + 120
-        while Job.fetch(b_build["id"], connection=conn).worker_name is None:
+        while build_job(conn, b_build["id"]).worker_name is None:
             assert time.monotonic() < deadline, (tmp_path / "b.log").read_text()[-2000:]
             time.sleep(0.5)
-        assert Job.fetch(b_build["id"], connection=conn).worker_name == "gpu-b"
+        assert build_job(conn, b_build["id"]).worker_name == "gpu-b"
         requests.post(f"{url}/api/builds/{b_build['id']}/cancel", headers=headers, timeout=10)
 
         status = _wait_built(url, a_build["id"], headers)
         assert status["state"] == "built", (status, (tmp_path / "a.log").read_text()[-3000:])
-        assert Job.fetch(a_build["id"], connection=conn).worker_name == "gpu-a"
+        assert build_job(conn, a_build["id"]).worker_name == "gpu-a"
         metrics = requests.get(f"{url}/metrics", timeout=10).text
         assert 'wheelhouse_builds_ended_total{state="built"} 1.0' in metrics
         assert "wheelhouse_catalog_files 1.0" in metrics

@@ -18,7 +18,7 @@ import pytest
 import redis
 import requests
 
-from tests.helpers import run_worker, start_index
+from tests.helpers import build_job, run_worker, start_index
 from tests.worker.conftest import build_config
 from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec
@@ -139,6 +139,4 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
         status = q.get_build(conn, job.job_id)
         assert status is not None and status.state is q.BuildState.BUILT, status
         assert "job " + job.job_id + " was abandoned" in log.read_text()
-        from rq.job import Job
-
-        assert Job.fetch(job.job_id, connection=conn).retries_left == 0
+        assert build_job(conn, job.job_id).retries_left == 0

@@ -13,9 +13,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 from packaging.version import Version
 from redis import Redis
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
-from tests.helpers import QuietHandler, make_wheel, serve_http
+from tests.helpers import QuietHandler, build_job, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import GENERATION_KEY, Record, record_key
@@ -43,7 +43,7 @@ def _spec(python: str = "3.11", version: str = "2.8.3", archs: tuple[str, ...] =
 def _as_worker(conn: Redis, spec: BuildSpec, status: JobStatus, **meta: object) -> str:
     """Move a queued job the way the worker does: its RQ status and its meta."""
     job_id = enqueue_build(conn, spec, require_worker=False).job_id
-    job = Job.fetch(job_id, connection=conn)
+    job = build_job(conn, job_id)
     job.meta.update(meta)
     job.save_meta()
     if status is JobStatus.STARTED:

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 from rq import Queue
-from rq.job import Job, JobStatus
+from rq.job import JobStatus
 
+from tests.helpers import build_job
 from wheelhouse import queue as q
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.buildspec import BuildSpec
@@ -55,7 +56,7 @@ def test_same_spec_twice_gives_one_job(conn: redis.Redis) -> None:
     assert second.state is q.BuildState.QUEUED
     rq_queue = Queue(SPEC.queue_name, connection=conn)
     assert rq_queue.job_ids == [SPEC.job_id]
-    job = Job.fetch(SPEC.job_id, connection=conn)
+    job = build_job(conn, SPEC.job_id)
     assert job.func_name == "worker.jobs.run_build"  # by path: the web never imports the worker
     assert job.args[0] == SPEC.to_dict()
 
@@ -94,7 +95,7 @@ def test_adverts_expire_without_heartbeat(conn: redis.Redis) -> None:
 def test_failed_builds_rerun_only_when_asked(conn: redis.Redis) -> None:
     advertise(conn, ad("w1"), ttl=30)
     q.enqueue_build(conn, SPEC)
-    job = Job.fetch(SPEC.job_id, connection=conn)
+    job = build_job(conn, SPEC.job_id)
     job.meta["failure"] = {"kind": "compile_error", "reason": "csrc/x.cu(3): error: boom"}
     job.meta["build"] = {"build_id": SPEC.job_id, "seconds": 12.5, "peak_tree_bytes": 2**30}
     job.save_meta()
@@ -115,7 +116,7 @@ def test_failed_builds_rerun_only_when_asked(conn: redis.Redis) -> None:
 
 def test_an_abandoned_job_is_retried_as_the_policy_says(conn: redis.Redis) -> None:
     q.enqueue_build(conn, SPEC, require_worker=False)
-    job = Job.fetch(SPEC.job_id, connection=conn)
+    job = build_job(conn, SPEC.job_id)
     assert job.retries_left == ABANDONED_JOBS.retries == 1
     assert job.retry_intervals == [0]
 
@@ -130,7 +131,7 @@ def test_cancel_queued_and_running(conn: redis.Redis) -> None:
     assert not q.cancel_build(conn, SPEC.job_id)  # already over
 
     q.enqueue_build(conn, SPEC, rerun_failed=True)
-    Job.fetch(SPEC.job_id, connection=conn).set_status(JobStatus.STARTED)
+    build_job(conn, SPEC.job_id).set_status(JobStatus.STARTED)
     assert not q.cancel_requested(conn, SPEC.job_id)
     assert q.cancel_build(conn, SPEC.job_id)
     assert q.cancel_requested(conn, SPEC.job_id)  # the worker polls this and kills the tree
@@ -176,7 +177,7 @@ def _move(conn: redis.Redis, spec: BuildSpec, status: JobStatus, seconds: float 
     from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry
 
     job_id = q.enqueue_build(conn, spec, require_worker=False).job_id
-    job = Job.fetch(job_id, connection=conn)
+    job = build_job(conn, job_id)
     Queue(spec.queue_name, connection=conn).remove(job_id)
     job.started_at = datetime(2025, 1, 1, tzinfo=UTC)
     job.ended_at = job.started_at + timedelta(seconds=seconds)
