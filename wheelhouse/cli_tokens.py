@@ -19,7 +19,15 @@ from wheelhouse.cli import pass_config
 from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
 from wheelhouse.queue import BuildState
-from wheelhouse.tokens import DEFAULT_SCOPES, SCOPES, create_token, list_tokens, revoke_token
+from wheelhouse.tokens import (
+    DEFAULT_SCOPES,
+    LEGACY_PATTERNS,
+    SCOPES,
+    create_token,
+    legacy_token_keys,
+    list_tokens,
+    revoke_token,
+)
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -79,10 +87,16 @@ def token_revoke(config: Config, name: str) -> None:
 @token.command("list")
 @pass_config
 def token_list(config: Config) -> None:
-    """List token names and scopes (never the tokens)."""
-    for info in list_tokens(_redis(config)):
+    """List token names and scopes (never the tokens): every token that authenticates."""
+    conn = _redis(config)
+    for info in list_tokens(conn):
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(info.created_at))
         click.echo(f"{info.name}\t{','.join(info.scopes)}\tcreated {created} UTC")
+    legacy = legacy_token_keys(conn)
+    if legacy:
+        click.echo(f"note: Redis holds {legacy} key(s) of the earlier token format "
+                   f"({' and '.join(LEGACY_PATTERNS)}); those tokens no longer work: create "
+                   "them anew, then delete the keys", err=True)
 
 
 def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,

@@ -2,10 +2,14 @@
 
 A token is shown once, when created, and stored only as its SHA-256 digest: tokens are 256 bits
 of randomness, so a plain digest is as good as a slow hash and lets a request be checked with one
-Redis GET. Keys:
+Redis read. Every token lives in one Redis hash, ``wheelhouse:tokens``: digest (hex) -> JSON
+``{"name", "scopes", "created_at"}``. Checking a token, listing tokens and revoking one by name
+all read that hash and nothing else, so a token that authenticates is always listed and
+revocable (also one written into Redis by hand); a record whose name or scopes don't validate
+authenticates nothing and is not listed.
 
-- ``wheelhouse:token:<sha256 hex>``  JSON ``{"name", "scopes", "created_at"}``
-- ``wheelhouse:token-name:<name>``   the digest, so that a token can be revoked by its name
+Tokens of the format before this one (``wheelhouse:token:<digest>`` keys with a
+``wheelhouse:token-name:<name>`` index) no longer authenticate: create them anew.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ from wheelhouse.errors import TokenError
 
 if TYPE_CHECKING:
     from redis import Redis
+    from redis.client import Pipeline
 
-TOKEN_PREFIX = "wheelhouse:token:"  # noqa: S105 (a Redis key prefix)
-NAME_PREFIX = "wheelhouse:token-name:"
+TOKENS_KEY = "wheelhouse:tokens"
+#: Keys of the earlier format, which no longer authenticate (see the module's docstring).
+LEGACY_PATTERNS: tuple[str, ...] = ("wheelhouse:token:*", "wheelhouse:token-name:*")
 #: What a token may do. ``build`` requests and cancels builds; ``read`` reads a private index.
 SCOPES: tuple[str, ...] = ("build", "read")
 DEFAULT_SCOPES: tuple[str, ...] = ("build", "read")
@@ -33,6 +39,7 @@ DEFAULT_SCOPES: tuple[str, ...] = ("build", "read")
 TOKEN_MARK = "whk_"  # noqa: S105 (a public prefix)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _TOKEN = re.compile(r"whk_[A-Za-z0-9_-]{43}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -77,38 +84,61 @@ def create_token(
 
     A name that is taken raises :class:`TokenError` unless ``replace``, which revokes the old one.
     """
+
     check_name(name)
     wanted = check_scopes(scopes)
     token = TOKEN_MARK + secrets.token_urlsafe(32)
-    d = digest(token)
     record = json.dumps({"name": name, "scopes": list(wanted), "created_at": time.time()})
-    if replace:
-        revoke_token(conn, name)
-    # NX on the name makes two concurrent creates of one name end with one token.
-    if not conn.set(NAME_PREFIX + name, d, nx=True):
-        raise TokenError(f"a token called {name!r} exists; revoke it first")
-    conn.set(TOKEN_PREFIX + d, record)
+
+    def create(pipe: Pipeline) -> None:
+        # Under WATCH: two concurrent creates of one name end with one token.
+        taken = [info.digest for info in _records(pipe) if info.name == name]
+        if taken and not replace:
+            raise TokenError(f"a token called {name!r} exists; revoke it first")
+        pipe.multi()
+        if taken:
+            pipe.hdel(TOKENS_KEY, *taken)
+        pipe.hset(TOKENS_KEY, digest(token), record)
+
+    conn.transaction(create, TOKENS_KEY)
     return token
 
 
 def revoke_token(conn: Redis, name: str) -> bool:
-    """Revoke the token called ``name``; False if there was none."""
+    """Revoke every token called ``name``; False if there was none."""
+
     check_name(name)
-    raw = conn.get(NAME_PREFIX + name)
-    if raw is None:
-        return False
-    d = raw.decode() if isinstance(raw, bytes) else str(raw)
-    conn.delete(TOKEN_PREFIX + d, NAME_PREFIX + name)
-    return True
+    revoked: list[str] = []
+
+    def revoke(pipe: Pipeline) -> None:
+        revoked[:] = [info.digest for info in _records(pipe) if info.name == name]
+        pipe.multi()
+        if revoked:
+            pipe.hdel(TOKENS_KEY, *revoked)
+
+    conn.transaction(revoke, TOKENS_KEY)
+    return bool(revoked)
 
 
 def _info(raw: bytes | str, d: str) -> TokenInfo | None:
+    """A record as it authenticates: only with a valid name and known scopes."""
     try:
         data = json.loads(raw)
-        return TokenInfo(name=str(data["name"]), scopes=tuple(data["scopes"]),
+        info = TokenInfo(name=check_name(data["name"]), scopes=check_scopes(data["scopes"]),
                          created_at=float(data["created_at"]), digest=d)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):  # TokenError is a ValueError
         return None
+    return info
+
+
+def _records(conn: Redis | Pipeline) -> list[TokenInfo]:
+    out = []
+    for key, raw in conn.hgetall(TOKENS_KEY).items():
+        d = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+        info = _info(raw, d) if _DIGEST.fullmatch(d) else None
+        if info is not None:
+            out.append(info)
+    return out
 
 
 def verify_token(conn: Redis, token: str) -> TokenInfo | None:
@@ -120,20 +150,18 @@ def verify_token(conn: Redis, token: str) -> TokenInfo | None:
 
 def lookup_digest(conn: Redis, d: str) -> TokenInfo | None:
     """The record for a token digest (as kept in a login session), if still live."""
-    if not re.fullmatch(r"[0-9a-f]{64}", d or ""):
+    if not isinstance(d, str) or not _DIGEST.fullmatch(d):
         return None
-    raw = conn.get(TOKEN_PREFIX + d)
+    raw = conn.hget(TOKENS_KEY, d)
     return None if raw is None else _info(raw, d)
 
 
 def list_tokens(conn: Redis) -> list[TokenInfo]:
-    """Every live token's name and scopes, by name."""
-    out = []
-    for key in conn.scan_iter(match=NAME_PREFIX + "*", count=500):
-        raw = conn.get(key)
-        if raw is None:
-            continue
-        info = lookup_digest(conn, raw.decode() if isinstance(raw, bytes) else str(raw))
-        if info is not None:
-            out.append(info)
-    return sorted(out, key=lambda i: i.name)
+    """Every token that authenticates: its name, scopes and age, by name."""
+    return sorted(_records(conn), key=lambda i: (i.name, i.created_at))
+
+
+def legacy_token_keys(conn: Redis) -> int:
+    """How many keys of the earlier token format are left in Redis (they authenticate nothing)."""
+    return sum(1 for pattern in LEGACY_PATTERNS
+               for _ in conn.scan_iter(match=pattern, count=500))
