@@ -1,37 +1,62 @@
-"""compose.yaml: valid against the Compose specification, and what the README says it is."""
+"""compose.yaml and compose.tls.yaml: valid against the Compose specification, what the README
+says they are, and Redis started by the compose service's own script on a real redis-server."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import redis
 import yaml
 from click.testing import CliRunner
 
+from tests.helpers import free_port, make_tls_certs, wait_for_port
 from wheelhouse.cli import main
-from wheelhouse.config import documented_settings
+from wheelhouse.config import Config, documented_settings
+from wheelhouse.redisconn import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT.parent / "shared" / "compose-spec.json"
 
 
-@pytest.fixture(scope="module")
-def compose() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((ROOT / "compose.yaml").read_text())
+FILES = ("compose.yaml", "compose.tls.yaml")
+SECRET = "/run/secrets/redis_password"
+
+
+def _load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / name).read_text())
     return data
 
 
-def test_valid_against_compose_spec(compose: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return _load("compose.yaml")
+
+
+@pytest.fixture(scope="module")
+def tls_override() -> dict[str, Any]:
+    return _load("compose.tls.yaml")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_valid_against_compose_spec(name: str) -> None:
     if not SCHEMA.exists():
         pytest.skip(f"{SCHEMA} is not here (it sits beside the checkout in CI and sessions)")
     schema = json.loads(SCHEMA.read_text())
     # The spec says draft-07 (its $schema URL lacks the '#' jsonschema looks up by).
     jsonschema.Draft7Validator.check_schema(schema)
-    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(compose), key=str)
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(_load(name)), key=str)
     assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
 
 
@@ -68,11 +93,14 @@ def test_environment_is_documented(compose: dict[str, Any]) -> None:
                 assert var in known, f"{name} sets {var}, which wheelhouse does not read"
 
 
-def test_no_secrets_in_the_file() -> None:
-    text = (ROOT / "compose.yaml").read_text()
+@pytest.mark.parametrize("name", FILES)
+def test_no_secrets_in_the_file(name: str) -> None:
+    text = (ROOT / name).read_text()
     for line in text.splitlines():
         if re.search(r"(PASSWORD|SECRET|TOKEN|ACCESS_KEY)\w*:\s*\S", line):
-            assert "${" in line, f"a literal secret in compose.yaml: {line.strip()}"
+            # A value from the environment, or the path of a secret's file.
+            reference = re.search(r"_FILE:\s*/run/secrets/\w+$", line.rstrip())
+            assert "${" in line or reference, f"a literal secret in {name}: {line.strip()}"
 
 
 def test_readme_operator_section_matches(compose: dict[str, Any]) -> None:
@@ -82,3 +110,137 @@ def test_readme_operator_section_matches(compose: dict[str, Any]) -> None:
         assert f"`{name}`" in section, f"the README's operator section omits `{name}`"
     for dockerfile in ("web/Dockerfile", "worker/Dockerfile"):
         assert dockerfile in section
+
+
+# -- the fleet's doors (README, Security) --
+
+
+def test_redis_is_private_and_wants_a_password(compose: dict[str, Any],
+                                               tls_override: dict[str, Any]) -> None:
+    services = compose["services"]
+    redis_svc = services["redis"]
+    assert "ports" not in redis_svc, "Redis must not be published by default"
+    assert compose["secrets"]["redis_password"] == {"environment": "REDIS_PASSWORD"}
+    assert redis_svc["secrets"] == ["redis_password"]
+    started = " ".join([*redis_svc["entrypoint"], *redis_svc["command"]])
+    assert "requirepass" in started and "--requirepass" not in started
+    for name in ("web", "worker"):
+        svc = services[name]
+        assert svc["secrets"] == ["redis_password"]
+        env = svc["environment"]
+        assert env["WHEELHOUSE_REDIS_PASSWORD_FILE"] == SECRET
+        # MinIO's administrator stays with minio and minio-init.
+        assert "MINIO_ROOT" not in json.dumps(env), name
+    # The TLS port is the only one published, and the worker gets the CA to check it with.
+    tls = tls_override["services"]
+    assert tls["redis"]["ports"] == ["6380:6380"]
+    assert "--tls-port" in tls["redis"]["command"]
+    assert tls["redis"]["command"][:4] == redis_svc["command"], "keep the persistence flags"
+    assert tls["worker"]["volumes"] == ["./tls/ca.crt:/tls/ca.crt:ro"]
+
+
+def test_each_role_has_its_own_s3_user(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert "WEB_S3_ACCESS_KEY" in services["web"]["environment"]["AWS_ACCESS_KEY_ID"]
+    assert "WORKER_S3_ACCESS_KEY" in services["worker"]["environment"]["AWS_ACCESS_KEY_ID"]
+    init = services["minio-init"]
+    assert init["volumes"] == ["./deploy/s3:/policies:ro"]
+    script = init["command"][0]
+    for role in ("web", "worker"):
+        policy = ROOT / "deploy" / "s3" / f"{role}-policy.json"
+        assert f"/policies/{policy.name}" in script
+        assert json.loads(policy.read_text())["Version"] == "2012-10-17"
+        assert f"policy attach local wheelhouse-{role} --user" in script
+
+
+def _script(svc: dict[str, Any], secret: Path) -> list[str]:
+    """The service's entrypoint as the container's shell gets it: compose turns ``$$`` into
+    ``$``; the secret's file is where this test keeps it."""
+    return [arg.replace("$$", "$").replace(SECRET, str(secret)) for arg in svc["entrypoint"]]
+
+
+@contextmanager
+def _redis_as_compose_runs_it(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def test_redis_starts_as_compose_runs_it(compose: dict[str, Any], tmp_path: Path) -> None:
+    svc = compose["services"]["redis"]
+    password = secrets.token_hex(32)
+    secret = tmp_path / "redis_password"
+    secret.write_text(password)  # compose writes the variable's value, without a newline
+    port = free_port()
+    # Where a test can run it: its own port and directory, after the service's own arguments.
+    argv = [*_script(svc, secret), *svc["command"], "--port", str(port), "--bind", "127.0.0.1",
+            "--dir", str(tmp_path)]
+    with _redis_as_compose_runs_it(argv, tmp_path / "redis.log") as proc:
+        wait_for_port(port)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, socket_timeout=5).ping()
+        conn = connect(Config(redis_url=f"redis://127.0.0.1:{port}/0",
+                              redis_password_file=str(secret)), timeout=5)
+        assert conn.ping()
+        assert conn.config_get("appendonly") == {"appendonly": "yes"}
+        # Nowhere another local user could read it: not in the arguments, not in the
+        # environment (only root and the redis user can read /proc/PID/environ anyway).
+        for part in ("cmdline", "environ"):
+            assert password.encode() not in Path(f"/proc/{proc.pid}/{part}").read_bytes()
+        # The healthcheck, pointed at this port: healthy with the password, not without.
+        test = svc["healthcheck"]["test"]
+        assert test[0] == "CMD-SHELL"
+        check = test[1].replace("$$", "$").replace("redis-cli ping", f"redis-cli -p {port} ping")
+        assert subprocess.run(["sh", "-c", check.replace(SECRET, str(secret))],
+                              timeout=30).returncode == 0
+        wrong = tmp_path / "wrong"
+        wrong.write_text("0" * 64)
+        assert subprocess.run(["sh", "-c", check.replace(SECRET, str(wrong))],
+                              timeout=30).returncode != 0
+
+
+@pytest.mark.parametrize("password", ["", "tooshort", "with spaces inside of it!",
+                                      'quote"' + "x" * 20, "x" * 20 + "\nrequirepass ''"])
+def test_redis_will_not_start_without_a_sound_password(compose: dict[str, Any], tmp_path: Path,
+                                                       password: str) -> None:
+    svc = compose["services"]["redis"]
+    secret = tmp_path / "redis_password"
+    secret.write_text(password)
+    port = free_port()
+    argv = [*_script(svc, secret), *svc["command"], "--port", str(port), "--dir", str(tmp_path)]
+    with _redis_as_compose_runs_it(argv, tmp_path / "redis.log") as proc:
+        assert proc.wait(timeout=30) == 1
+    assert "REDIS_PASSWORD" in (tmp_path / "redis.log").read_text()
+
+
+def test_redis_over_tls_as_compose_tls_runs_it(compose: dict[str, Any],
+                                               tls_override: dict[str, Any],
+                                               tmp_path: Path) -> None:
+    """compose.yaml's start-up with compose.tls.yaml's command: a worker elsewhere connects
+    with ``rediss://``, the CA and the password, and nothing less."""
+    files = make_tls_certs(tmp_path / "tls")
+    secret = tmp_path / "redis_password"
+    secret.write_text(secrets.token_hex(32))
+    tls_port, plain_port = free_port(), free_port()
+    command = [arg.replace("/tls/", f"{tmp_path}/tls/").replace("6380", str(tls_port))
+               for arg in tls_override["services"]["redis"]["command"]]
+    argv = [*_script(compose["services"]["redis"], secret), *command,
+            "--port", str(plain_port), "--bind", "127.0.0.1", "--dir", str(tmp_path)]
+    with _redis_as_compose_runs_it(argv, tmp_path / "redis.log"):
+        wait_for_port(tls_port)
+        worker = Config(redis_url=f"rediss://localhost:{tls_port}/0?ssl_ca_certs={files.ca}",
+                        redis_password_file=str(secret))
+        assert connect(worker, timeout=5).ping()
+        with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
+            connect(worker.replace(redis_url=f"rediss://localhost:{tls_port}/0"),
+                    timeout=5).ping()
+        with pytest.raises(redis.AuthenticationError):
+            connect(worker.replace(redis_password_file=None), timeout=5).ping()
