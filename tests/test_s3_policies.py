@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -114,6 +115,13 @@ def test_the_policies_are_aws_policies() -> None:
             assert all(r.startswith(f"arn:aws:s3:::{BUCKET}") for r in statement["Resource"])
     web = json.loads((POLICIES / "web-policy.json").read_text())
     assert not any("s3:PutObject" in s["Action"] for s in web["Statement"])
+
+
+def test_the_readme_gives_the_same_policies() -> None:
+    security = (ROOT / "README.md").read_text().split("\n## Security\n", 1)[1].split("\n## ")[0]
+    shown = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", security, re.S)]
+    for role in ROLES:
+        assert json.loads((POLICIES / f"{role}-policy.json").read_text()) in shown, role
 
 
 def test_workers_publish_and_the_web_serves(policed_s3: PolicedS3, tmp_path: Path) -> None:
