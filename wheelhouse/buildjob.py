@@ -92,13 +92,15 @@ def _check_source(source: object, spec: BuildSpec) -> None:
 class BuildJob(Job):
     """An RQ job that can only ever run :data:`JOB_FUNCTION` with a valid build request.
 
-    Fetching a job (``BuildJob.fetch``, a worker's dequeue) checks it at once; a refused job
-    keeps why in :attr:`refusal`, and running it records a ``refused-job`` failure and raises
-    :class:`RefusedJob` without importing anything the job names.
+    Its callbacks and webhooks are dropped as it is read from Redis. Its call is checked once,
+    the first time :attr:`refusal` is asked (the worker asks before it forks the work horse;
+    pages that only show jobs don't pay for it); running a refused job records a
+    ``refused-job`` failure and raises :class:`RefusedJob` without importing anything the job
+    names.
     """
 
-    refusal: str | None = None
-    """Why this job is not run, or None for a build request."""
+    _checked: bool = False
+    _refusal: str | None = None
 
     def restore(self, raw_data: Any) -> None:
         try:
@@ -111,18 +113,24 @@ class BuildJob(Job):
                                  f"({type(exc).__name__})") from None
         # Nothing here runs what a job names besides the build: no callbacks, no webhooks.
         self.webhooks = []
-        try:
-            check_call(self.id, self.origin, self.func_name, self.instance, self.args,
-                       self.kwargs)
-        except DeserializationError:
-            self._refuse("the job's data is not JSON (pickled jobs are never loaded)")
-        except RefusedJob as exc:
-            self._refuse(str(exc))
-        else:
-            self.refusal = None
+        self._checked = False
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this job is not run, or None for a build request."""
+        if not self._checked:
+            try:
+                check_call(self.id, self.origin, self.func_name, self.instance, self.args,
+                           self.kwargs)
+            except DeserializationError:
+                self._refuse("the job's data is not JSON (pickled jobs are never loaded)")
+            except RefusedJob as exc:
+                self._refuse(str(exc))
+            self._checked = True
+        return self._refusal
 
     def _refuse(self, why: str) -> None:
-        self.refusal = why
+        self._refusal = why
         # RQ's own logging and process title read the call: give them this, not the job's.
         self.data = json.dumps([REFUSED_CALL, None, [why], {}]).encode()
 

@@ -34,6 +34,8 @@ log = logging.getLogger("wheelhouse.worker")
 def _build_worker_class() -> type[Any]:
     from rq import Worker
 
+    from wheelhouse.buildjob import BuildJob
+
     class BuildWorker(Worker):
         """An RQ worker that runs build requests only, and doesn't retry failures another
         attempt can't fix.
@@ -44,6 +46,15 @@ def _build_worker_class() -> type[Any]:
         retry, for a job abandoned by a worker that died; a compile error, a timeout or an
         incompatible combination fails for good on the first attempt.
         """
+
+        def execute_job(self, job: Job, queue: Queue) -> None:
+            # Checked here, before the work horse forks: RQ's bookkeeping in the horse reads
+            # the job's call, which for a refused job is then the refusal, never its data.
+            if not isinstance(job, BuildJob):  # run_worker makes it with job_class=BuildJob
+                raise TypeError(f"job {job.id} is a {type(job).__name__}, not a BuildJob")
+            if job.refusal is not None:
+                log.warning("refusing job %s: %s", job.id, job.refusal)
+            super().execute_job(job, queue)
 
         def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
                                exc_string: str = "") -> None:
