@@ -4,9 +4,8 @@ and scan RQ's registries (every build job at once; durations of finished builds)
 Jobs are JSON naming ``worker.jobs.run_build`` by path (``wheelhouse.buildjob``), so the web
 never imports the worker and a job is data, never code. One spec has one deterministic job id:
 a second request finds the queued, running or finished job; a failed one is only re-run when
-asked to. The worker reports through the job's
-meta (phase, progress, MAX_JOBS, failure, the build's facts) and a capped Redis list (the live
-log).
+asked to. The worker reports through the job's meta (phase, progress, MAX_JOBS, failure, the
+build's facts) and a capped Redis list (the live log).
 """
 
 from __future__ import annotations
