@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
@@ -9,7 +11,10 @@ from web import api, auth, errors, files, home, ops, pages, simple
 from web.fastpath import CachedPages
 from web.services import Services
 from wheelhouse.config import Config
+from wheelhouse.errors import StorageError
 from wheelhouse.storage import Storage
+
+log = logging.getLogger(__name__)
 
 #: The blueprints the app serves, in registration order.
 BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, pages.bp)
@@ -35,9 +40,14 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     app.session_interface = _LazySessions()
     svc.install(app)
     # Load the catalog now: under gunicorn this runs before the fork, so every worker starts
-    # with it instead of each paying a full read on its first request.
-    svc.catalog.refresh()
-    errors.register(app)
+    # with it instead of each paying a full read on its first request. Storage being down is
+    # no reason not to start: until a refresh succeeds, what needs the catalog answers 503.
+    try:
+        svc.catalog.refresh()
+    except StorageError as exc:
+        log.warning("the catalog could not be read at start-up; answering 503 until storage "
+                    "answers: %s", exc)
+    errors.register(app, svc)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     # Request ids first: even a request that read protection refuses carries one.

@@ -25,8 +25,8 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
     """gunicorn serving the index built from ``config``, with ``options`` as its settings.
 
     The app is built here, in the master before it forks, so that every worker starts with the
-    catalog loaded, and a configuration or storage error stops ``serve`` with one line before
-    gunicorn starts.
+    catalog loaded, and a configuration error stops ``serve`` with one line before gunicorn
+    starts. Storage that does not answer does not stop it: the index answers 503 until it does.
     """
 
     def __init__(self, config: Config, options: dict[str, Any]) -> None:

@@ -1,4 +1,11 @@
-"""Every error becomes a clear response here, in one place; never a traceback page."""
+"""Every error becomes a clear response here, in one place; never a traceback page.
+
+Storage trouble included: an unreachable or damaged storage answers 503 with ``Retry-After``
+(never 500), and while the catalog's refresh fails, answers built from the last good catalog
+carry :data:`CATALOG_HEADER`. The fast path (``web.fastpath``) hands every request it cannot
+answer cleanly to Flask, so these rules cover it too, and adds the header with
+:func:`catalog_header`.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +15,11 @@ from flask import Flask, Response, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException, InternalServerError
 from werkzeug.wrappers import Response as BaseResponse
 
+from web.services import Services
+from wheelhouse.catalog import Catalog
 from wheelhouse.errors import (
     AlreadyPublished,
+    DamagedFile,
     InvalidBuildSpec,
     InvalidProjectName,
     InvalidVariant,
@@ -21,6 +31,13 @@ from wheelhouse.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Seconds a client is asked to wait before trying again when storage is in trouble: about
+#: what one failed storage call costs, so a retry meets a refreshed state.
+RETRY_AFTER = "10"
+#: Present while this process's catalog could not be refreshed: ``stale; age=<seconds since
+#: storage last confirmed it>``.
+CATALOG_HEADER = "X-Wheelhouse-Catalog"
 
 #: Domain errors -> HTTP status. Order matters: first match wins.
 STATUS: list[tuple[type[Exception], int]] = [
@@ -57,7 +74,21 @@ def error_response(status: int, message: str) -> Response:
     return Response(html, status=status, mimetype="text/html")
 
 
-def register(app: Flask) -> None:
+def catalog_header(catalog: Catalog) -> str | None:
+    """The value of :data:`CATALOG_HEADER` for an answer read from ``catalog``, if stale."""
+    state = catalog.state()
+    return f"stale; age={state.age:.0f}" if state.stale else None
+
+
+def register(app: Flask, svc: Services) -> None:
+    @app.after_request
+    def _stale(resp: Response) -> Response:
+        value = catalog_header(svc.catalog)
+        if value is not None:
+            resp.headers[CATALOG_HEADER] = value
+            svc.metrics.stale_answers.inc()
+        return resp
+
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException) -> BaseResponse:
         if exc.code is not None and 300 <= exc.code < 400:
@@ -70,10 +101,22 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(WheelhouseError)
     def _domain(exc: WheelhouseError) -> Response:
+        if isinstance(exc, StorageError):
+            return _storage(exc)
         for kind, status in STATUS:
             if isinstance(exc, kind):
                 return error_response(status, str(exc))
         return error_response(400, str(exc))
+
+    def _storage(exc: StorageError) -> Response:
+        damaged = isinstance(exc, DamagedFile)
+        # One line, no traceback: the storage boundary already said what failed.
+        log.log(logging.ERROR if damaged else logging.WARNING, "503 on %s %s: %s",
+                request.method, request.path, exc)
+        svc.metrics.storage_errors.labels("damaged" if damaged else "unavailable").inc()
+        resp = error_response(503, str(exc))
+        resp.headers["Retry-After"] = RETRY_AFTER
+        return resp
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception) -> Response:

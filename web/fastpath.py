@@ -6,6 +6,11 @@ and answers directly; everything else (misses, other routes, read-protected inde
 that send a request id, JSON logging) goes to Flask unchanged. It is given the app's
 :class:`~web.services.Services`, so it uses the same page cache, negotiated formats, metadata
 bodies and metrics as the views, and the two paths give identical answers.
+
+It answers only what it can answer whole: when the catalog is unreadable (storage down since
+start-up) it hands the request to Flask, whose error handling (``web.errors``) answers 503, so
+the fast path never turns storage trouble into a 500. While the catalog is stale its answers
+carry the same header as Flask's.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from typing import Any
 from packaging.utils import NormalizedName
 
 from web.caches import STATUS_LINES
+from web.errors import CATALOG_HEADER, catalog_header
 from web.files import IMMUTABLE, METADATA_SUFFIX
 from web.services import Services
-from wheelhouse.errors import InvalidVariant
+from wheelhouse.errors import InvalidVariant, StorageError
 from wheelhouse.variants import parse_variant
 
 StartResponse = Callable[..., Any]
@@ -43,8 +49,19 @@ class CachedPages:
         self.enabled = not (svc.config.auth or svc.config.log_json or svc.config.build_on_miss)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        answer = self._answer(environ, start_response)
+        try:
+            answer = self._answer(environ, start_response)
+        except StorageError:
+            # Nothing was started yet (start_response comes last): Flask answers it, through
+            # the one place that maps errors to responses.
+            answer = None
         return answer if answer is not None else self.next(environ, start_response)
+
+    def _stale(self, headers: list[tuple[str, str]]) -> None:
+        value = catalog_header(self.catalog)
+        if value is not None:
+            headers.append((CATALOG_HEADER, value))
+            self.metrics.stale_answers.inc()
 
     def _answer(self, environ: dict[str, Any],
                 start_response: StartResponse) -> Iterable[bytes] | None:
@@ -77,6 +94,7 @@ class CachedPages:
             headers = [*page.headers, ("Content-Type", page.content_type),
                        ("Content-Length", str(len(body)))]
         headers.append(("X-Request-ID", os.urandom(16).hex()))
+        self._stale(headers)
         self.metrics.count_request(_ROUTES[kind], method, status, len(body))
         start_response(STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]
@@ -105,6 +123,7 @@ class CachedPages:
         else:
             status = 200
             headers += [("Content-Type", _METADATA_TYPE), ("Content-Length", str(len(body)))]
+        self._stale(headers)
         self.metrics.count_request(_ROUTES["file"], method, status, len(body))
         start_response(STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]

@@ -1,23 +1,37 @@
-"""Wheel and ``.metadata`` downloads: immutable, strong ETags, ranges, S3 stream or redirect."""
+"""Wheel and ``.metadata`` downloads: immutable, strong ETags, ranges, S3 stream or redirect.
+
+A published file is served only as its record describes it: the stored wheel's size is checked
+before the first byte is sent (a truncated or missing wheel answers 503, never a short 200 or a
+closed connection), and a ``.metadata`` body is hashed before it is served or kept.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
 
 from flask import Blueprint, Response, redirect, request
 from packaging.utils import canonicalize_name
+from werkzeug.datastructures import Range
 from werkzeug.exceptions import NotFound, RequestedRangeNotSatisfiable
 from werkzeug.wrappers import Response as BaseResponse
 
 from web.services import services
 from wheelhouse.catalog import Record
+from wheelhouse.errors import DamagedFile, StorageError
+from wheelhouse.storage import ByteStream
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import parse_name
 
 bp = Blueprint("files", __name__)
+log = logging.getLogger(__name__)
 
 IMMUTABLE = "max-age=31536000, immutable, public"
 METADATA_SUFFIX = ".metadata"
+
+#: Opens bytes [start, stop) of the file to serve; HEAD opens an empty range.
+Opener = Callable[[int, int], Iterable[bytes]]
 
 
 def _lookup(base_key: str, project: str, filename: str) -> Record:
@@ -35,29 +49,67 @@ def _lookup(base_key: str, project: str, filename: str) -> Record:
 
 @bp.get("/files/<base_key>/<project>/<filename>")
 def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
-    svc = services()
     if filename.endswith(METADATA_SUFFIX):
         record = _lookup(base_key, project, filename.removesuffix(METADATA_SUFFIX))
-        body = _metadata(record.metadata_key)
+        body = _metadata(record)
         return _serve(record.metadata_key, record.metadata_sha256, len(body), "text/plain",
-                      lambda start, stop: iter((body[start:stop],)))
+                      lambda start, stop: (body[start:stop],))
     record = _lookup(base_key, project, filename)
     return _serve(record.wheel_key, record.sha256, record.size, "application/octet-stream",
-                  lambda start, stop: svc.storage.iter_range(record.wheel_key, start, stop))
+                  lambda start, stop: _open_wheel(record, start, stop))
 
 
-def _metadata(key: str) -> bytes:
-    """METADATA bodies are small and immutable once published: keep them in memory."""
+def _metadata(record: Record) -> bytes:
+    """METADATA bodies are small and immutable once published: keep them in memory, once
+    their hash matches the record."""
     svc = services()
+    key = record.metadata_key
     body = svc.metadata.get(key)
     if body is None:
-        body = svc.storage.get_bytes(key)
+        try:
+            body = svc.storage.get_bytes(key)
+        except FileNotFoundError:
+            raise _damaged(key, record, "is missing from storage") from None
+        digest = hashlib.sha256(body).hexdigest()
+        if digest != record.metadata_sha256:
+            raise _damaged(key, record, f"has sha256 {digest[:12]}… in storage, "
+                                        f"{record.metadata_sha256[:12]}… in its record")
         svc.metadata.put(key, body)
     return body
 
 
-def _serve(key: str, sha256: str, size: int, mimetype: str,
-           read: Callable[[int, int], Iterator[bytes]]) -> BaseResponse:
+def _open_wheel(record: Record, start: int, stop: int) -> ByteStream:
+    """The stored wheel, refused before any byte is sent unless its size is the record's."""
+    try:
+        stream = services().storage.open_range(record.wheel_key, start, stop)
+    except FileNotFoundError:
+        raise _damaged(record.wheel_key, record, "is missing from storage") from None
+    if stream.size != record.size:
+        stream.close()
+        raise _damaged(record.wheel_key, record,
+                       f"is {stream.size} bytes in storage, {record.size} in its record")
+    return stream
+
+
+def _damaged(key: str, record: Record, what: str) -> DamagedFile:
+    # Not a 404: the index lists this file, so the fault is the server's (and 404s get
+    # cached); web.errors answers 503 and logs it for the operator.
+    return DamagedFile(f"{key} {what}: it cannot be served until it is republished "
+                       f"(wheelhouse verify lists such files; sha256 {record.sha256[:12]}…)")
+
+
+def _bounds(rng: Range, size: int) -> tuple[int, int] | None:
+    """[start, stop) of a single byte range, or None when it is unsatisfiable."""
+    start, stop = rng.ranges[0]
+    if start < 0:
+        # A suffix range longer than the file is the whole file (RFC 9110, 14.1.3).
+        start, stop = max(size + start, 0), size
+    else:
+        stop = size if stop is None else min(stop, size)
+    return (start, stop) if start < stop else None
+
+
+def _serve(key: str, sha256: str, size: int, mimetype: str, open_: Opener) -> BaseResponse:
     svc = services()
     etag = f'"{sha256}"'
     headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
@@ -73,13 +125,31 @@ def _serve(key: str, sha256: str, size: int, mimetype: str,
     if rng is not None and rng.units == "bytes" and len(rng.ranges) == 1 and (
         if_range is None or if_range == etag
     ):
-        bounds = rng.range_for_length(size)
+        bounds = _bounds(rng, size)
         if bounds is None:
             raise RequestedRangeNotSatisfiable(length=size)
         start, stop = bounds
         status = 206
         headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
     headers["Content-Length"] = str(stop - start)
-    body = read(start, stop) if request.method != "HEAD" else iter(())
-    return Response(body, status=status, mimetype=mimetype, headers=headers,
+    if request.method == "HEAD":
+        body = open_(start, start)  # checks the stored file all the same
+        if isinstance(body, ByteStream):
+            body.close()
+        return Response(iter(()), status=status, mimetype=mimetype, headers=headers)
+    body = open_(start, stop)
+    return Response(_logged(body, key) if isinstance(body, ByteStream) else body,
+                    status=status, mimetype=mimetype, headers=headers,
                     direct_passthrough=True)
+
+
+def _logged(stream: ByteStream, key: str) -> Iterator[bytes]:
+    """The stream, with one clear log line if storage fails once the answer has begun (the
+    connection is then closed short of Content-Length, which clients detect)."""
+    try:
+        yield from stream
+    except StorageError as exc:
+        log.warning("download of %s cut short by storage: %s", key, exc)
+        raise
+    finally:
+        stream.close()

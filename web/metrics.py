@@ -54,6 +54,14 @@ class Metrics:
                                   ["result"], registry=None)
         self.page_hit = self.page_cache.labels("hit")
         self.page_miss = self.page_cache.labels("miss")
+        # Storage trouble (web.errors): 503s by kind (unavailable, damaged), and answers
+        # served from a catalog whose refresh failed.
+        self.storage_errors = Counter("wheelhouse_storage_errors",
+                                      "Answers that storage trouble turned into 503s, by kind",
+                                      ["kind"], registry=None)
+        self.stale_answers = Counter("wheelhouse_catalog_stale_answers",
+                                     "Answers served from the last good catalog while its "
+                                     "refresh fails", registry=None)
         # labels() is a locked dict look-up; keep each (route, method, status)'s pair at hand.
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
@@ -76,7 +84,8 @@ class Metrics:
 
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         else:
-            for collector in (self.requests, self.bytes, self.page_cache):
+            for collector in (self.requests, self.bytes, self.page_cache,
+                              self.storage_errors, self.stale_answers):
                 registry.register(collector)
         registry.register(_LiveCollector(catalog, redis))
         return generate_latest(registry), CONTENT_TYPE_LATEST
@@ -90,9 +99,20 @@ class _LiveCollector(Collector):
         self.redis = redis
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
-        catalog = GaugeMetricFamily("wheelhouse_catalog_files", "Published wheels")
-        catalog.add_metric([], len(self.catalog))
-        yield catalog
+        state = self.catalog.state()
+        if state.loaded:
+            catalog = GaugeMetricFamily("wheelhouse_catalog_files", "Published wheels")
+            catalog.add_metric([], state.files)
+            yield catalog
+        # Of the process that answers the scrape: each refreshes on its own.
+        stale = GaugeMetricFamily("wheelhouse_catalog_stale",
+                                  "1 while the catalog's refresh fails (or it was never read)")
+        stale.add_metric([], 1 if state.stale or not state.loaded else 0)
+        yield stale
+        age = GaugeMetricFamily("wheelhouse_catalog_age_seconds",
+                                "Seconds since storage last confirmed the catalog")
+        age.add_metric([], state.age)
+        yield age
         if self.redis is None:
             return
         from redis.exceptions import RedisError

@@ -6,20 +6,30 @@ Storage layout (every key below the storage root):
 - ``wheels/<base variant>/<project>/<file>.metadata``  its METADATA (PEP 658)
 - ``records/<base variant>/<project>/<file>.json``     the record; written last, so it *is*
   the publication: only files with a record are listed
+- ``claims/<base variant>/<file>``                    who is publishing that name (see publish)
+- ``quarantine/<base variant>/<project>/<file>.json``  ``wheelhouse verify --quarantine``
+  found the stored files damaged: the record is not listed until republished
 - ``generation``                                       changes on every publication
 
 Each server process keeps the catalog in memory and re-reads ``generation`` at most every
 ``catalog_refresh_seconds``; when it changed, only records it hasn't seen yet are fetched.
 So every gunicorn worker converges on the same catalog without talking to the others.
+
+Readers never wait on storage: the catalog they read is an immutable view, replaced whole by
+one refresher at a time, in a thread of its own. A reader that finds a refresh due starts it
+and waits for it only briefly (``wait``), and not at all while storage is failing; when a
+refresh fails, readers keep the last good view, which :meth:`Catalog.state` then calls stale.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -27,6 +37,7 @@ from packaging.utils import BuildTag, NormalizedName, canonicalize_name, parse_w
 from packaging.version import Version
 
 from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.errors import StorageError, StorageUnavailable
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import parse_name
@@ -37,6 +48,7 @@ GENERATION_KEY = "generation"
 RECORDS = "records/"
 WHEELS = "wheels/"
 CLAIMS = "claims/"
+QUARANTINE = "quarantine/"
 
 
 def wheel_key(base: Variant, project: str, filename: str) -> str:
@@ -45,6 +57,15 @@ def wheel_key(base: Variant, project: str, filename: str) -> str:
 
 def record_key(base: Variant, project: str, filename: str) -> str:
     return f"{RECORDS}{base.key}/{project}/{filename}.json"
+
+
+def claim_key(base: Variant, filename: str) -> str:
+    return f"{CLAIMS}{base.key}/{filename}"
+
+
+def quarantine_key(rkey: str) -> str:
+    """The marker that hides the record stored under ``rkey``."""
+    return QUARANTINE + rkey.removeprefix(RECORDS)
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,11 @@ class Record:
     @property
     def metadata_key(self) -> str:
         return self.wheel_key + ".metadata"
+
+    @property
+    def key(self) -> str:
+        """Where this record itself is stored."""
+        return record_key(self.variant.base, self.project, self.filename)
 
     def to_json(self) -> bytes:
         data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -111,133 +137,261 @@ def _arch_rank(record: Record, wanted: tuple[str, ...]) -> int | None:
     return None
 
 
-class Catalog:
-    """In-memory view of storage's published records; thread-safe, refreshed lazily."""
+@dataclass(frozen=True)
+class CatalogState:
+    """What this process's catalog is worth now: for headers, readiness and metrics."""
 
-    def __init__(self, storage: Storage, refresh_seconds: float = 1.0) -> None:
-        self.storage = storage
-        self.refresh_seconds = refresh_seconds
-        self._lock = threading.Lock()
-        self._checked = 0.0
-        self._generation: str | None = None
-        self._keys: set[str] = set()
-        # base variant key -> project -> records (all archs)
-        self._by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
-        self._variants: frozenset[Variant] = frozenset()
-        self._by_file: dict[tuple[str, str], Record] = {}
+    loaded: bool
+    """A view was ever read; until then readers get :class:`StorageUnavailable`."""
+    stale: bool
+    """The last refresh failed (or has hung past ``wait``): readers get the last good view."""
+    age: float
+    """Seconds since storage last confirmed the view (0 before the first)."""
+    error: str | None
+    """Why the last refresh failed; None after a success."""
+    generation: str | None
+    files: int
+    """Records listed (quarantined ones not counted)."""
+
+
+@dataclass(frozen=True)
+class _View:
+    """One immutable reading of storage; readers hold on to it, the refresher replaces it."""
+
+    generation: str
+    records: Mapping[str, Record]
+    """Every readable record by its key, quarantined ones included (so that lifting a
+    quarantine needs no re-read)."""
+    unreadable: frozenset[str]
+    """Keys of records that did not parse: immutable, so never worth reading again."""
+    quarantined: frozenset[str]
+    # base variant key -> project -> listed records (all archs), by version
+    by_base: Mapping[str, Mapping[NormalizedName, list[Record]]]
+    variants: frozenset[Variant]
+    by_file: Mapping[tuple[str, str], Record]
 
     @property
-    def generation(self) -> str:
-        self.maybe_refresh()
-        return self._generation or "empty"
+    def listed(self) -> int:
+        return len(self.by_file)
 
-    def maybe_refresh(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < self.refresh_seconds:
-            return
-        with self._lock:
-            if now - self._checked < self.refresh_seconds:
-                return
-            self._checked = now
-            try:
-                gen = self.storage.get_bytes(GENERATION_KEY).decode()
-            except FileNotFoundError:
-                gen = "empty"
-            if gen != self._generation:
-                self._reload()
-                self._generation = gen
-
-    def refresh(self) -> None:
-        """Re-read now, whatever the clock says."""
-        self._checked = 0.0
-        self.maybe_refresh()
-
-    def _reload(self) -> None:
-        keys = {o.key for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
-        new = keys - self._keys
-        gone = self._keys - keys
-        by_base = {b: {p: list(rs) for p, rs in projects.items()}
-                   for b, projects in self._by_base.items()}
-        if gone:
-            for projects in by_base.values():
-                for p, rs in projects.items():
-                    projects[p] = [r for r in rs if record_key(r.variant.base, r.project,
-                                                               r.filename) not in gone]
-        for key in sorted(new):
-            try:
-                rec = Record.from_json(self.storage.get_bytes(key))
-            except FileNotFoundError:
-                keys.discard(key)
-                continue
-            except (ValueError, TypeError, KeyError) as exc:
-                # Records are immutable, so a broken one stays broken: skip it (and keep its
-                # key, so it isn't re-read every refresh) rather than hide the whole catalog.
-                log.warning("skipping unreadable record %s: %s", key, exc)
-                continue
-            base = rec.variant.base.key
-            by_base.setdefault(base, {}).setdefault(rec.project, []).append(rec)
+    @classmethod
+    def build(cls, generation: str, records: dict[str, Record], unreadable: frozenset[str],
+              quarantined: frozenset[str]) -> _View:
+        by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
+        for key, rec in records.items():
+            if key not in quarantined:
+                by_base.setdefault(rec.variant.base.key, {}).setdefault(rec.project,
+                                                                        []).append(rec)
         for projects in by_base.values():
             for rs in projects.values():
                 rs.sort(key=lambda r: (Version(r.version), r.filename))
-        self._by_base = {b: {p: rs for p, rs in ps.items() if rs}
-                         for b, ps in by_base.items()}
-        # Roots with something of their own to list: a base root holding only narrowed builds
-        # would show an empty page.
-        self._variants = frozenset(
-            r.variant for ps in self._by_base.values() for rs in ps.values() for r in rs
+        return cls(
+            generation=generation,
+            records=records,
+            unreadable=unreadable,
+            quarantined=quarantined,
+            by_base=by_base,
+            # Roots with something of their own to list: a base root holding only narrowed
+            # builds would show an empty page.
+            variants=frozenset(r.variant for ps in by_base.values() for rs in ps.values()
+                               for r in rs),
+            by_file={(b, r.filename): r for b, ps in by_base.items() for rs in ps.values()
+                     for r in rs},
         )
-        self._by_file = {(b, r.filename): r for b, ps in self._by_base.items()
-                         for rs in ps.values() for r in rs}
-        self._keys = keys
+
+
+class Catalog:
+    """In-memory view of storage's published records; thread-safe, refreshed lazily.
+
+    ``wait`` bounds how long the reader that starts a refresh waits for it (while storage is
+    healthy, so that a publication is visible to the next request); other readers never wait.
+    """
+
+    def __init__(self, storage: Storage, refresh_seconds: float = 1.0, *,
+                 wait: float = 2.0) -> None:
+        self.storage = storage
+        self.refresh_seconds = refresh_seconds
+        self.wait = wait
+        self._view: _View | None = None
+        # Held by the one refresher, never across a reader's wait: readers only try it.
+        self._refreshing = threading.Lock()
+        self._pid = os.getpid()
+        self._checked = -math.inf
+        self._started: float | None = None
+        self._confirmed: float | None = None
+        self._error: str | None = None
+
+    @property
+    def generation(self) -> str:
+        return self._current().generation
+
+    def maybe_refresh(self) -> None:
+        """Start a refresh if one is due; wait for it briefly if storage has been healthy."""
+        now = time.monotonic()
+        if now - self._checked < self.refresh_seconds:
+            return
+        if self._pid != os.getpid():
+            self._after_fork()
+        if not self._refreshing.acquire(blocking=False):
+            return  # someone is refreshing: read the current view
+        self._checked = now
+        patient = self._view is None or self._error is None
+        done = threading.Event()
+        try:
+            threading.Thread(target=self._background, args=(done,), name="catalog-refresh",
+                             daemon=True).start()
+        except BaseException:
+            self._refreshing.release()
+            raise
+        if patient:
+            done.wait(self.wait)
+
+    def refresh(self) -> None:
+        """Re-read now, whatever the clock says, and raise :class:`StorageError` if storage
+        fails (the view and its state are kept as they were, marked stale)."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        with self._refreshing:  # this caller asked to wait, for a running refresh too
+            self._checked = time.monotonic()
+            self._refresh()
+
+    def state(self) -> CatalogState:
+        now = time.monotonic()
+        view, started, error = self._view, self._started, self._error
+        hung = started is not None and now - started > self.wait
+        return CatalogState(
+            loaded=view is not None,
+            stale=view is not None and (error is not None or hung),
+            age=0.0 if self._confirmed is None else now - self._confirmed,
+            error=error,
+            generation=view.generation if view is not None else None,
+            files=0 if view is None else view.listed,
+        )
+
+    def _after_fork(self) -> None:
+        # A refresher thread of the parent does not exist here: its lock must not outlive it.
+        self._pid = os.getpid()
+        self._refreshing = threading.Lock()
+        self._started = None
+
+    def _background(self, done: threading.Event) -> None:
+        try:
+            self._refresh()
+        except StorageError:
+            pass  # recorded in the state and logged by _refresh; readers keep the last view
+        except Exception:
+            log.exception("catalog refresh failed unexpectedly")
+        finally:
+            self._refreshing.release()
+            done.set()
+
+    def _refresh(self) -> None:
+        """One refresh; the caller holds ``_refreshing``."""
+        self._started = time.monotonic()
+        try:
+            view = self._read(self._view)
+        except Exception as exc:
+            if self._error is None:  # once per outage, not once per second
+                log.warning("catalog refresh failed; serving the last good catalog: %s", exc)
+            self._error = str(exc) or type(exc).__name__
+            raise
+        finally:
+            self._started = None
+        self._view = view
+        self._confirmed = time.monotonic()
+        if self._error is not None:
+            log.warning("catalog refresh works again (generation %s)", view.generation)
+            self._error = None
+
+    def _read(self, previous: _View | None) -> _View:
+        try:
+            generation = self.storage.get_bytes(GENERATION_KEY).decode(errors="replace")
+        except FileNotFoundError:
+            generation = "empty"
+        if previous is not None and generation == previous.generation:
+            return previous
+        keys = {o.key for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
+        quarantined = frozenset(RECORDS + o.key.removeprefix(QUARANTINE)
+                                for o in self.storage.list(QUARANTINE)) & keys
+        known = previous.records if previous is not None else {}
+        records = {k: known[k] for k in keys if k in known}
+        unreadable = set(previous.unreadable & keys) if previous is not None else set()
+        for key in sorted(keys - records.keys() - unreadable):
+            try:
+                records[key] = Record.from_json(self.storage.get_bytes(key))
+            except FileNotFoundError:
+                continue  # removed since the listing
+            except (ValueError, TypeError, KeyError) as exc:
+                # Records are immutable, so a broken one stays broken: skip it (and remember
+                # it, so it isn't re-read every refresh) rather than hide the whole catalog.
+                log.warning("skipping unreadable record %s: %s", key, exc)
+                unreadable.add(key)
+        return _View.build(generation, records, frozenset(unreadable), quarantined)
+
+    def _current(self) -> _View:
+        self.maybe_refresh()
+        view = self._view
+        if view is None:
+            raise StorageUnavailable(
+                "the catalog has not been read from storage yet: "
+                f"{self._error or 'the first read is under way'}")
+        return view
 
     def variants(self) -> list[Variant]:
         """Every index root that has something to list: base variants and narrowed ones."""
-        self.maybe_refresh()
-        return sorted(self._variants)
+        return sorted(self._current().variants)
 
     def projects(self, variant: Variant) -> list[NormalizedName]:
-        self.maybe_refresh()
-        projects = self._by_base.get(variant.base.key, {})
+        view = self._current()
+        projects = view.by_base.get(variant.base.key, {})
         if not variant.archs:
             return sorted(p for p, rs in projects.items() if any(r.variant == variant
                                                                    for r in rs))
-        return sorted(p for p in projects if self.files(variant, p))
+        return sorted(p for p, rs in projects.items() if _select(rs, variant))
 
     def files(self, variant: Variant, project: NormalizedName) -> list[Record]:
         """The files an index root lists for a project: O(files of that project)."""
-        self.maybe_refresh()
-        records = self._by_base.get(variant.base.key, {}).get(project, [])
-        # Even a base root can hold two files with the same version and tags (build tags),
-        # so every root goes through the same de-duplication.
-        best: dict[tuple[str, frozenset[Any]], tuple[int, BuildTag, Record]] = {}
-        for r in records:
-            if variant.archs:
-                rank = _arch_rank(r, variant.archs)
-                if rank is None:
-                    continue
-            elif r.variant == variant:
-                rank = 0
-            else:
-                continue
-            k = _dedupe_key(r)
-            build = parse_wheel_filename(r.filename)[2]
-            # Lower rank first; then the higher build tag, as the wheel spec's tie-breaker.
-            if k not in best or (rank, best[k][1]) < (best[k][0], build):
-                best[k] = (rank, build, r)
-        return sorted((r for _, _, r in best.values()),
-                      key=lambda r: (Version(r.version), r.filename))
+        return _select(self._current().by_base.get(variant.base.key, {}).get(project, []),
+                       variant)
 
     def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
-        self.maybe_refresh()
-        r = self._by_file.get((base.key, filename))
+        r = self._current().by_file.get((base.key, filename))
         return r if r is not None and r.project == project else None
 
     def all_records(self) -> Iterable[Record]:
-        self.maybe_refresh()
-        for projects in self._by_base.values():
+        """Every listed record."""
+        for projects in self._current().by_base.values():
             for rs in projects.values():
                 yield from rs
 
+    def quarantined(self) -> list[Record]:
+        """Records that ``wheelhouse verify --quarantine`` took out of the listings."""
+        view = self._current()
+        return [view.records[k] for k in sorted(view.quarantined)]
+
     def __len__(self) -> int:
-        self.maybe_refresh()
-        return len(self._keys)
+        """Records listed."""
+        return self._current().listed
+
+
+def _select(records: list[Record], variant: Variant) -> list[Record]:
+    """What an index root lists of one project's records."""
+    # Even a base root can hold two files with the same version and tags (build tags),
+    # so every root goes through the same de-duplication.
+    best: dict[tuple[str, frozenset[Any]], tuple[int, BuildTag, Record]] = {}
+    for r in records:
+        if variant.archs:
+            rank = _arch_rank(r, variant.archs)
+            if rank is None:
+                continue
+        elif r.variant == variant:
+            rank = 0
+        else:
+            continue
+        k = _dedupe_key(r)
+        build = parse_wheel_filename(r.filename)[2]
+        # Lower rank first; then the higher build tag, as the wheel spec's tie-breaker.
+        if k not in best or (rank, best[k][1]) < (best[k][0], build):
+            best[k] = (rank, build, r)
+    return sorted((r for _, _, r in best.values()),
+                  key=lambda r: (Version(r.version), r.filename))

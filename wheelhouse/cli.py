@@ -1,7 +1,7 @@
 """The ``wheelhouse`` command: a click group whose subcommands register themselves.
 
 Every subcommand is an entry point of the ``wheelhouse.commands`` group (``pyproject.toml``):
-the core's own (``publish``, ``gc``, ``token``, ``request``) and those of ``web`` and
+the core's own (``publish``, ``gc``, ``verify``, ``token``, ``request``) and those of ``web`` and
 ``worker``, which the core never imports; each is imported only when it runs, and one whose
 package is not installed is not listed. The group reads the configuration once and hands it
 down on the click context (``ctx.obj``): commands take it with :data:`pass_config`.
@@ -118,7 +118,8 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
         normalized = tuple(normalize_arch(a) for a in archs) or None
         storage = open_storage(config)
         for path in files:
-            rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized)
+            rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized,
+                             claim_timeout=config.publish_timeout)
             click.echo(f"published {rec.filename} to {variant.key} (sha256 {rec.sha256})")
     except WheelhouseError as exc:
         raise click.ClickException(str(exc)) from None
@@ -133,12 +134,17 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
 @pass_config
 @storage_option
 def gc(config: Config, older_than: float, keep_versions: int | None, do_apply: bool) -> None:
-    """Remove unpublished leftovers (and old versions by policy). Dry-runs unless --apply."""
+    """Remove unpublished leftovers, orphan claims and abandoned uploads (and old versions by
+    policy). Dry-runs unless --apply.
+
+    A claim is an orphan when its publication wrote no record within WHEELHOUSE_PUBLISH_TIMEOUT.
+    """
     from wheelhouse import gc as collector
     from wheelhouse.storage import open_storage
 
     storage = open_storage(config)
-    doomed = collector.plan(storage, leftover_age=older_than * 3600, keep_versions=keep_versions)
+    doomed = collector.plan(storage, leftover_age=older_than * 3600, keep_versions=keep_versions,
+                            claim_timeout=config.publish_timeout)
     for d in doomed:
         click.echo(f"{'delete' if do_apply else 'would delete'} {d.key} ({d.size} bytes): {d.why}")
     if not doomed:
@@ -148,6 +154,39 @@ def gc(config: Config, older_than: float, keep_versions: int | None, do_apply: b
         click.echo(f"deleted {n} objects")
     else:
         click.echo(f"{len(doomed)} objects; run again with --apply to delete them")
+
+
+@click.command()
+@click.option("--quarantine", "do_quarantine", is_flag=True,
+              help="Drop damaged files from the listings until the same bytes are published "
+                   "again (and list again quarantined files that match their record).")
+@pass_config
+@storage_option
+def verify(config: Config, do_quarantine: bool) -> None:
+    """Re-hash stored wheels and .metadata files against their records.
+
+    Prints each missing, truncated or mismatched file and exits 1 if there is any.
+    """
+    from wheelhouse import verify as checker
+    from wheelhouse.storage import open_storage
+
+    storage = open_storage(config)
+    report = checker.verify(storage)
+    for p in report.problems:
+        note = " (quarantined)" if p.quarantined else ""
+        click.echo(f"{p.damage.value} {p.key}: {p.detail}{note}")
+    for r in report.repaired:
+        click.echo(f"whole again {r.wheel_key} (quarantined)")
+    damaged = report.damaged
+    click.echo(f"checked {report.checked} published files: {len(damaged)} damaged")
+    if do_quarantine:
+        added, lifted = checker.quarantine(storage, report)
+        click.echo(f"quarantined {added}, listed again {lifted}")
+    elif damaged:
+        click.echo("run again with --quarantine to drop them from the listings until they are "
+                   "republished")
+    if damaged:
+        sys.exit(1)
 
 
 def run() -> None:

@@ -99,6 +99,15 @@ class Config:
     redis_password_file: str | None = None
     """File holding the Redis password (e.g. a Docker secret), for a Redis URL without one."""
 
+    storage_connect_timeout: float = 2.0
+    """Seconds to wait for S3 to accept a connection, per attempt, before storage counts as down."""
+
+    storage_read_timeout: float = 5.0
+    """Seconds S3 may stay silent during a request, per attempt, before storage counts as down."""
+
+    publish_timeout: int = 3600
+    """Seconds a publication may hold its file name; an older claim with no record is taken over."""
+
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
 

@@ -57,6 +57,12 @@ class StorageUnavailable(StorageError):
     """
 
 
+class DamagedFile(StorageError):
+    """A published file that storage no longer holds as its record says: missing, truncated or
+    other bytes. Serving it would break the index's promise; ``wheelhouse verify`` finds these.
+    """
+
+
 class InvalidRecipe(WheelhouseError, ValueError):
     """A recipe file that does not parse or names unknown settings."""
 

@@ -1,4 +1,4 @@
-"""Garbage collection: unpublished leftovers, and old versions by policy.
+"""Garbage collection: unpublished leftovers, orphan claims, and old versions by policy.
 
 Always planned first (:func:`plan`), so that the CLI can print what it would delete before it
 deletes anything (:func:`apply`).
@@ -6,6 +6,7 @@ deletes anything (:func:`apply`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -13,9 +14,12 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from wheelhouse.catalog import CLAIMS, RECORDS, WHEELS, Catalog, Record, record_key
-from wheelhouse.publish import bump_generation
-from wheelhouse.storage import Storage
+from wheelhouse.config import Config
+from wheelhouse.errors import InvalidWheel
+from wheelhouse.publish import bump_generation, read_claim
+from wheelhouse.storage import LocalStorage, Storage
 from wheelhouse.variants import Variant
+from wheelhouse.wheels import parse_name
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,8 @@ class Deletion:
     why: str
     partial: bool = False
     """A leftover of an interrupted write (``Storage.list_partials``), not an object."""
+    tag: str | None = None
+    """Delete only this version of the object (a claim someone may take over meanwhile)."""
 
 
 def plan(
@@ -32,6 +38,7 @@ def plan(
     *,
     leftover_age: float = 24 * 3600,
     keep_versions: int | None = None,
+    claim_timeout: float | None = None,
     now: float | None = None,
 ) -> list[Deletion]:
     """What :func:`apply` would delete.
@@ -39,23 +46,53 @@ def plan(
     - files under ``wheels/`` that no record names, older than ``leftover_age`` seconds
       (younger ones may belong to a publication in progress);
     - interrupted writes (temporary files, unfinished multipart uploads) as old;
+    - orphan claims: a claim with no record, older than the publish timeout
+      (``claim_timeout``; ``Config.publish_timeout`` when None), whose publisher died;
     - with ``keep_versions``, every file of versions older than the newest N per variant root
       and project (record first, so the index stops listing before the files go).
     """
     now = time.time() if now is None else now
+    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     catalog = Catalog(storage, refresh_seconds=0)
     catalog.refresh()
-    records = list(catalog.all_records())
+    records = [*catalog.all_records(), *catalog.quarantined()]
     published = {r.wheel_key for r in records} | {r.metadata_key for r in records}
     out: list[Deletion] = []
     for obj in storage.list(WHEELS):
         if obj.key not in published and now - obj.mtime > leftover_age:
             out.append(Deletion(obj.key, obj.size, "unpublished leftover"))
+    upload = "abandoned multipart upload" if not isinstance(storage, LocalStorage) \
+        else "interrupted write"
     for obj in storage.list_partials():
         if now - obj.mtime > leftover_age:
-            out.append(Deletion(obj.key, obj.size, "interrupted upload", partial=True))
+            out.append(Deletion(obj.key, obj.size, upload, partial=True))
+    out.extend(_orphan_claims(storage, {r.key for r in records}, timeout, now))
     if keep_versions is not None:
         out.extend(_prune(records, keep_versions))
+    return out
+
+
+def _orphan_claims(storage: Storage, recorded: set[str], timeout: float,
+                   now: float) -> list[Deletion]:
+    """Claims without a record whose publisher has had the whole publish timeout."""
+    out = []
+    for obj in storage.list(CLAIMS):
+        base, _, filename = obj.key.removeprefix(CLAIMS).rpartition("/")
+        try:
+            project = parse_name(filename).project
+        except InvalidWheel:
+            project = None
+        if project is not None and f"{RECORDS}{base}/{project}/{filename}.json" in recorded:
+            continue
+        if project is not None and storage.exists(f"{RECORDS}{base}/{project}/{filename}.json"):
+            continue  # an unreadable record still holds its name
+        with contextlib.suppress(FileNotFoundError):
+            claim, tag = read_claim(storage, obj.key)
+            age = now - claim.claimed_at
+            if age > timeout:
+                out.append(Deletion(obj.key, obj.size,
+                                    f"orphan claim ({claim.describe(now)}, no record)",
+                                    tag=tag))
     return out
 
 
@@ -82,12 +119,17 @@ def _prune(records: list[Record], keep: int) -> list[Deletion]:
 def apply(storage: Storage, deletions: list[Deletion]) -> int:
     """Delete what :func:`plan` listed; records go first. Returns the number deleted."""
     ordered = sorted(deletions, key=lambda d: not d.key.startswith(RECORDS))
+    deleted = 0
     for d in ordered:
         if d.partial:
             storage.delete_partial(d.key)
         else:
-            storage.delete(d.key)
+            try:
+                storage.delete(d.key, tag=d.tag)
+            except FileExistsError:
+                continue  # changed since planned (a claim taken over): no longer an orphan
+        deleted += 1
     if any(d.key.startswith(RECORDS) for d in ordered):
         bump_generation(storage)
-    return len(ordered)
+    return deleted
 

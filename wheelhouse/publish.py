@@ -1,20 +1,43 @@
 """Publishing: put a wheel into storage so that the index lists it, atomically.
 
-Order matters: wheel, then ``.metadata``, then the record (create-if-absent), then the
-generation marker. A crash before the record leaves an unlisted leftover for ``wheelhouse gc``;
-a reader never sees a record whose files are not all there.
+Order matters: the claim on the file name, the wheel, its ``.metadata``, then the record
+(create-if-absent), then the generation marker. A crash before the record leaves an unlisted
+leftover for ``wheelhouse gc``; a reader never sees a record whose files are not all there.
+
+Claims expire. A claim says who holds the name (host, pid) and since when; one older than the
+publish timeout whose record was never written belongs to a publisher that died, and the next
+publisher of any bytes takes it over by compare-and-swap (:meth:`Storage.replace_bytes`: S3's
+``If-Match``, a file lock locally), so of two racing successors exactly one wins. A publisher
+re-reads its claim before it writes the record and stops if it was taken over. What no claim
+can prevent: a publisher stalled *inside* one upload for longer than the timeout can still
+overwrite the wheel of the one that took over; ``wheelhouse verify`` finds that, and the
+timeout (an hour by default) is far longer than any upload.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import os
+import socket
 import tempfile
+import time
 import uuid
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.catalog import CLAIMS, GENERATION_KEY, Record, record_key, wheel_key
+from wheelhouse.catalog import (
+    GENERATION_KEY,
+    Record,
+    claim_key,
+    quarantine_key,
+    record_key,
+    wheel_key,
+)
+from wheelhouse.config import Config
 from wheelhouse.errors import AlreadyPublished, InvalidWheel
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
@@ -27,6 +50,61 @@ from wheelhouse.wheels import (
     sha256_file,
 )
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who publishes a file name, and since when: the content of ``claims/<base>/<file>``."""
+
+    sha256: str
+    """The bytes the name is reserved for."""
+    id: str
+    host: str
+    pid: int
+    claimed_at: float
+    """Seconds since the epoch (wall clock: claims are compared across hosts)."""
+    by: str | None = None
+    """What published, where the caller says (a worker's name)."""
+
+    @classmethod
+    def new(cls, sha256: str, by: str | None = None) -> Claim:
+        return cls(sha256=sha256, id=uuid.uuid4().hex, host=socket.gethostname(),
+                   pid=os.getpid(), claimed_at=time.time(), by=by)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, mtime: float) -> Claim:
+        """A stored claim; one written before claims said who and when (the bare sha256)
+        is dated by its object's ``mtime``."""
+        text = data.decode(errors="replace").strip()
+        if not text.startswith("{"):
+            return cls(sha256=text, id="", host="", pid=0, claimed_at=mtime)
+        raw = json.loads(text)
+        return cls(sha256=str(raw["sha256"]), id=str(raw.get("id", "")),
+                   host=str(raw.get("host", "")), pid=int(raw.get("pid", 0)),
+                   claimed_at=float(raw.get("claimed_at", mtime)), by=raw.get("by"))
+
+    def describe(self, now: float) -> str:
+        who = f"{self.by} " if self.by else ""
+        where = f"on {self.host} (pid {self.pid}), " if self.host else ""
+        return f"{who}{where}claimed {now - self.claimed_at:.0f}s ago"
+
+
+def read_claim(storage: Storage, key: str) -> tuple[Claim, str]:
+    """The claim stored under ``key`` and its version's tag; ``FileNotFoundError`` if none."""
+    tagged = storage.read_tagged(key)
+    mtime = 0.0
+    if not tagged.data.lstrip().startswith(b"{"):
+        mtime = storage.stat(key).mtime
+    try:
+        return Claim.parse(tagged.data, mtime), tagged.tag
+    except (ValueError, KeyError, TypeError):
+        # Unreadable: nobody can tell whose it is, so it is as good as expired.
+        return Claim(sha256="", id="", host="", pid=0, claimed_at=0.0), tagged.tag
+
 
 def publish(
     storage: Storage,
@@ -36,13 +114,19 @@ def publish(
     relabel_wheel: bool = False,
     archs: tuple[str, ...] | None = None,
     build: BuildFacts | None = None,
+    claim_timeout: float | None = None,
+    by: str | None = None,
 ) -> Record:
     """Validate ``path`` for ``variant`` and publish it; return its record.
 
     ``archs`` are the GPU architectures the wheel holds where known; a narrowed variant
-    implies its own. Publishing the same bytes twice is a no-op; different bytes under a
-    published name raise :class:`AlreadyPublished`, since published files are immutable.
+    implies its own. Publishing the same bytes twice is a no-op (and repairs a copy that
+    ``wheelhouse verify --quarantine`` took out); different bytes under a published name raise
+    :class:`AlreadyPublished`, since published files are immutable. ``claim_timeout`` is the
+    publish timeout (``Config.publish_timeout`` when None); ``by`` names the publisher in its
+    claim.
     """
+    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     name = parse_name(path.name)
     with tempfile.TemporaryDirectory(prefix="wheelhouse-publish-") as tmp:
         if relabel_wheel and (
@@ -79,24 +163,24 @@ def publish(
             build=build if build is not None else BuildFacts(),
         )
         rkey = record_key(variant.base, name.project, name.filename)
-        try:
-            existing = Record.from_json(storage.get_bytes(rkey))
-        except FileNotFoundError:
-            existing = None
+        existing = _read_record(storage, rkey)
         if existing is not None:
             if existing.sha256 == record.sha256:
+                _repair(storage, existing, path, metadata)
                 return existing
-            raise AlreadyPublished(
-                f"{name.filename} is already published with different contents "
-                f"(sha256 {existing.sha256[:12]}…); published files are immutable"
-            )
+            raise _published(name.filename, existing)
         wkey = wheel_key(variant.base, name.project, name.filename)
-        _claim(storage, variant, name.filename, record.sha256)
+        ckey = claim_key(variant.base, name.filename)
+        _claim(storage, ckey, rkey, Claim.new(record.sha256, by), timeout)
         storage.put_file(wkey, path)
         storage.put_bytes(wkey + ".metadata", metadata)
+        _still_ours(storage, ckey, record.sha256, name.filename)
         try:
             storage.put_bytes(rkey, record.to_json(), exclusive=True)
         except FileExistsError:
+            other = _read_record(storage, rkey)
+            if other is not None and other.sha256 == record.sha256:
+                return other  # the same bytes, published by someone else meanwhile
             raise AlreadyPublished(
                 f"{name.filename} was published concurrently by someone else"
             ) from None
@@ -104,23 +188,84 @@ def publish(
     return record
 
 
-def _claim(storage: Storage, variant: Variant, filename: str, sha256: str) -> None:
-    """Reserve ``filename`` for these bytes before uploading anything.
-
-    Without a claim, a second publisher of *different* bytes could overwrite the wheel after the
-    first wrote its record. The claim is create-if-absent; the same bytes may re-claim, so an
-    interrupted publication can be retried.
-    """
-    key = f"{CLAIMS}{variant.base.key}/{filename}"
+def _read_record(storage: Storage, rkey: str) -> Record | None:
     try:
-        storage.put_bytes(key, sha256.encode(), exclusive=True)
-    except FileExistsError:
-        holder = storage.get_bytes(key).decode()
-        if holder != sha256:
+        return Record.from_json(storage.get_bytes(rkey))
+    except FileNotFoundError:
+        return None
+
+
+def _published(filename: str, existing: Record) -> AlreadyPublished:
+    return AlreadyPublished(
+        f"{filename} is already published with different contents "
+        f"(sha256 {existing.sha256[:12]}…); published files are immutable"
+    )
+
+
+def _claim(storage: Storage, key: str, rkey: str, mine: Claim, timeout: float) -> None:
+    """Reserve the file name for these bytes before uploading anything.
+
+    Without a claim, a second publisher of *different* bytes could overwrite the wheel after
+    the first wrote its record. The claim is create-if-absent; the same bytes may re-claim, so
+    an interrupted publication can be retried; an expired claim of other bytes is taken over.
+    """
+    for _ in range(3):  # a claim deleted (by gc) between our two looks: look again
+        try:
+            storage.put_bytes(key, mine.to_json(), exclusive=True)
+            return
+        except FileExistsError:
+            pass
+        try:
+            holder, tag = read_claim(storage, key)
+        except FileNotFoundError:
+            continue
+        if holder.sha256 == mine.sha256:
+            return
+        now = time.time()
+        filename = key.rpartition("/")[2]
+        if now - holder.claimed_at < timeout:
             raise AlreadyPublished(
-                f"{filename} is being (or was) published with different contents "
-                f"(sha256 {holder[:12]}…); published files are immutable"
-            ) from None
+                f"{filename} is being published with different contents "
+                f"(sha256 {holder.sha256[:12]}…, {holder.describe(now)}; the claim expires "
+                f"after {timeout:.0f}s); published files are immutable")
+        existing = _read_record(storage, rkey)
+        if existing is not None:
+            raise _published(filename, existing)
+        try:
+            storage.replace_bytes(key, mine.to_json(), tag=tag)
+        except FileExistsError:
+            raise AlreadyPublished(
+                f"{filename}: another publisher took over its expired claim first") from None
+        except FileNotFoundError:
+            continue
+        log.warning("took over the expired claim on %s (%s, sha256 %s…)", filename,
+                    holder.describe(now), holder.sha256[:12])
+        return
+    raise AlreadyPublished(f"{key.rpartition('/')[2]}: its claim keeps changing; try again")
+
+
+def _still_ours(storage: Storage, key: str, sha256: str, filename: str) -> None:
+    """Refuse to write the record if our claim expired and was taken over meanwhile."""
+    try:
+        holder, _tag = read_claim(storage, key)
+    except FileNotFoundError:
+        holder = None
+    if holder is None or holder.sha256 != sha256:
+        raise AlreadyPublished(
+            f"{filename}: this publication ran past the publish timeout and its claim was "
+            "taken over (or removed); nothing was listed")
+
+
+def _repair(storage: Storage, record: Record, path: Path, metadata: bytes) -> None:
+    """Publishing the bytes of a quarantined record stores them again and lists it again."""
+    marker = quarantine_key(record.key)
+    if not storage.exists(marker):
+        return
+    storage.put_file(record.wheel_key, path)
+    storage.put_bytes(record.metadata_key, metadata)
+    storage.delete(marker)
+    bump_generation(storage)
+    log.warning("republished quarantined %s", record.filename)
 
 
 def _known_archs(variant: Variant, archs: tuple[str, ...] | None) -> tuple[str, ...] | None:

@@ -79,9 +79,11 @@ class RetryPolicy:
 BUILD_STEPS = RetryPolicy(attempts=4, delays=(2, 10, 30), retry_on=(InfrastructureError, OSError))
 #: Storing the build log: one quick second try; the build's own outcome stands either way.
 LOG_UPLOAD = RetryPolicy(attempts=2, delays=(2,), retry_on=(InfrastructureError, OSError))
-#: One S3 request; botocore's "standard" mode does the backoff (connection errors, throttling,
-#: 5xx), with its own default timeouts.
-S3_REQUESTS = RetryPolicy(attempts=4)
+#: One S3 request: one retry, by botocore's "standard" mode (connection errors, timeouts,
+#: throttling, 5xx), each attempt bounded by ``Config.storage_connect_timeout`` and
+#: ``storage_read_timeout``. Small on purpose: a web request waits on it, and the callers that
+#: can afford patience (a worker's steps, under :data:`BUILD_STEPS`) retry around it.
+S3_REQUESTS = RetryPolicy(attempts=2)
 #: An RQ job abandoned by a worker that died runs once more; the worker refuses that retry for
 #: failures another attempt can't fix (compile errors, timeouts, incompatible combinations).
 ABANDONED_JOBS = RetryPolicy(attempts=2)

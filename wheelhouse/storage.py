@@ -1,21 +1,24 @@
 """Where published files live: a local directory (the embedded default) or an S3 bucket.
 
 Keys are ``/``-separated relative paths. Both implementations give the same guarantees:
-``put_*`` is atomic per key (a reader sees the old object, or the whole new one), and
-``put_bytes(..., exclusive=True)`` refuses to overwrite, which the publish protocol relies on.
-Each translates its own errors at the boundary (see :class:`Storage`): no botocore exception
-leaves this module.
+``put_*`` is atomic per key (a reader sees the old object, or the whole new one),
+``put_bytes(..., exclusive=True)`` refuses to overwrite, and :meth:`Storage.replace_bytes`
+overwrites only the version a caller read (compare-and-swap), which the publish protocol relies
+on. Each translates its own errors at the boundary (see :class:`Storage`): no botocore
+exception leaves this module, and every S3 call is bounded by the configured timeouts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import re
 import stat as _stat
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +51,36 @@ class ObjectInfo:
     mtime: float
 
 
+@dataclass(frozen=True)
+class Tagged:
+    """An object's bytes and the tag of that version, for :meth:`Storage.replace_bytes`."""
+
+    data: bytes
+    tag: str
+
+
+class ByteStream:
+    """An open read of part of an object whose whole size is known before any byte is read,
+    so that a server can refuse to start an answer it could not finish."""
+
+    def __init__(self, size: int, chunks: Iterator[bytes], close: Callable[[], None]) -> None:
+        self.size = size
+        self._chunks = chunks
+        self._close = close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> ByteStream:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 class Storage(ABC):
     """The storage interface; see the module docstring for its guarantees.
 
@@ -69,8 +102,25 @@ class Storage(ABC):
         """Read a whole (small) object; ``FileNotFoundError`` if absent."""
 
     @abstractmethod
+    def read_tagged(self, key: str) -> Tagged:
+        """Read a small object with the tag of the version read; ``FileNotFoundError`` if
+        absent."""
+
+    @abstractmethod
+    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
+        """Overwrite ``key`` only if it is still the version :meth:`read_tagged` tagged
+        ``tag``: ``FileExistsError`` if it changed meanwhile, ``FileNotFoundError`` if it is
+        gone. Two callers that read the same version cannot both succeed."""
+
+    @abstractmethod
+    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
+        """Open bytes ``[start, stop)`` of an object for reading; the stream knows the whole
+        object's size. ``FileNotFoundError`` if absent (raised here, not while iterating)."""
+
     def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
         """Yield bytes ``[start, stop)`` of an object."""
+        with self.open_range(key, start, stop) as stream:
+            yield from stream
 
     @abstractmethod
     def stat(self, key: str) -> ObjectInfo:
@@ -81,8 +131,9 @@ class Storage(ABC):
         """Every object whose key starts with ``prefix``."""
 
     @abstractmethod
-    def delete(self, key: str) -> None:
-        """Remove an object; removing one that is not there is fine."""
+    def delete(self, key: str, *, tag: str | None = None) -> None:
+        """Remove an object; removing one that is not there is fine. With ``tag``, only the
+        version :meth:`read_tagged` tagged so: ``FileExistsError`` if it changed meanwhile."""
 
     @abstractmethod
     def list_partials(self) -> Iterator[ObjectInfo]:
@@ -115,11 +166,33 @@ class Storage(ABC):
 
 
 _PARTIAL_PREFIX = ".tmp-"
+#: The lock file (in the root) that serializes compare-and-swap writes of local storage.
+_SWAP_LOCK = ".swap-lock"
+
+
+def _content_tag(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class LocalStorage(Storage):
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    @contextlib.contextmanager
+    def _swap_lock(self) -> Iterator[None]:
+        """Compare-and-swap writers take turns on one lock file (flock, so every process on
+        this host); readers never take it, since every write is a rename."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / _SWAP_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageUnavailable(
+                f"storage directory {self.root}: cannot lock: {exc.strerror or exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
@@ -187,10 +260,33 @@ class LocalStorage(Storage):
         with self._errors("read", key):
             return path.read_bytes()
 
-    def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
+    def read_tagged(self, key: str) -> Tagged:
+        data = self.get_bytes(key)
+        # The content's hash: what we swap are small objects whose content is unique (a
+        # claim names its holder), so equal tags mean the same version.
+        return Tagged(data, _content_tag(data))
+
+    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
+        with self._swap_lock():
+            if self.read_tagged(key).tag != tag:
+                raise FileExistsError(key)
+            self.put_bytes(key, data)
+
+    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
         path = self._path(key)
-        with self._errors("read", key), path.open("rb") as f:
-            f.seek(start)
+        with self._errors("read", key):
+            f = path.open("rb")
+        try:
+            with self._errors("stat", key):
+                size = os.fstat(f.fileno()).st_size
+        except BaseException:
+            f.close()
+            raise
+        return ByteStream(size, self._read(f, key, start, stop), f.close)
+
+    def _read(self, f: Any, key: str, start: int, stop: int) -> Iterator[bytes]:
+        with self._errors("read", key), f:
+            f.seek(max(start, 0))
             left = stop - start
             while left > 0:
                 chunk = f.read(min(_CHUNK, left))
@@ -235,6 +331,8 @@ class LocalStorage(Storage):
 
         for dirpath, _dirs, files in os.walk(base, onerror=fail):
             for name in files:
+                if name == _SWAP_LOCK and Path(dirpath) == self.root:
+                    continue
                 if name.startswith(_PARTIAL_PREFIX) == partials:
                     yield Path(dirpath) / name
 
@@ -248,10 +346,20 @@ class LocalStorage(Storage):
                 continue  # the write just finished
             yield ObjectInfo(full.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, tag: str | None = None) -> None:
         path = self._path(key)
-        with contextlib.suppress(FileNotFoundError), self._errors("delete", key):
-            path.unlink()
+        if tag is None:
+            with contextlib.suppress(FileNotFoundError), self._errors("delete", key):
+                path.unlink()
+            return
+        with self._swap_lock():
+            try:
+                current = self.read_tagged(key).tag
+            except FileNotFoundError:
+                return
+            if current != tag:
+                raise FileExistsError(key)
+            self.delete(key)
 
     def delete_partial(self, key: str) -> None:
         if not key.rpartition("/")[2].startswith(_PARTIAL_PREFIX):
@@ -328,26 +436,43 @@ class S3Storage(Storage):
             self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
 
     def get_bytes(self, key: str) -> bytes:
+        return self.read_tagged(key).data
+
+    def read_tagged(self, key: str) -> Tagged:
         full = self._key(key)
         with self._errors("get", key):
             obj = self.client.get_object(Bucket=self.bucket, Key=full)
-            return obj["Body"].read()
+            return Tagged(obj["Body"].read(), obj["ETag"])
 
-    def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
+    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
+        full = self._key(key)
+        # S3's conditional write: 412 if the object's ETag is no longer the one we read.
+        with self._errors("replace", key):
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, IfMatch=tag)
+
+    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
         from botocore.exceptions import ClientError
 
         full = self._key(key)
         if stop <= start:
-            return
+            return ByteStream(self.stat(key).size, iter(()), lambda: None)
         with self._errors("get", key):
             try:
                 obj = self.client.get_object(
-                    Bucket=self.bucket, Key=full, Range=f"bytes={start}-{stop - 1}")
+                    Bucket=self.bucket, Key=full, Range=f"bytes={max(start, 0)}-{stop - 1}")
             except ClientError as exc:
-                if _code(exc) == "InvalidRange":
-                    return  # start at or past the end: nothing, as a local file gives
-                raise
-            body = obj["Body"]
+                if _code(exc) != "InvalidRange":
+                    raise
+                # Starts at or past the end: nothing, as a local file gives.
+                return ByteStream(self.stat(key).size, iter(()), lambda: None)
+        body = obj["Body"]
+        # "bytes 0-99/1234": the whole object's size, from the same answer as the bytes.
+        total = obj.get("ContentRange", "").rpartition("/")[2]
+        size = int(total) if total.isdigit() else obj["ContentLength"]
+        return ByteStream(size, self._read(body, key), body.close)
+
+    def _read(self, body: Any, key: str) -> Iterator[bytes]:
+        with self._errors("get", key):
             try:
                 yield from body.iter_chunks(_CHUNK)
             finally:
@@ -376,10 +501,11 @@ class S3Storage(Storage):
                     yield ObjectInfo(up["Key"][len(self.prefix):] + _UPLOAD_ID + up["UploadId"],
                                      0, up["Initiated"].timestamp())
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, tag: str | None = None) -> None:
         full = self._key(key)
+        extra: dict[str, Any] = {"IfMatch": tag} if tag is not None else {}
         with contextlib.suppress(FileNotFoundError), self._errors("delete", key):
-            self.client.delete_object(Bucket=self.bucket, Key=full)
+            self.client.delete_object(Bucket=self.bucket, Key=full, **extra)
 
     def delete_partial(self, key: str) -> None:
         """Abort an unfinished multipart upload that :meth:`list_partials` named."""
@@ -418,18 +544,23 @@ class S3Storage(Storage):
 def make_s3_client(config: Config, *, policy: RetryPolicy = S3_REQUESTS) -> S3Client:
     """A boto3 S3 client from configuration and the usual ``AWS_*`` environment.
 
-    ``policy`` sets botocore's attempts per request and, where it has one, the connect and
-    read timeout of each.
+    ``policy`` sets botocore's attempts per request; each attempt waits at most
+    ``storage_connect_timeout`` to connect and ``storage_read_timeout`` for each read (a
+    ``policy.timeout`` overrides both). So a hung S3 costs a caller at most about
+    attempts x timeout, never botocore's default minute per attempt.
     """
     import boto3
     from botocore.config import Config as BotoConfig
 
+    connect, read = config.storage_connect_timeout, config.storage_read_timeout
+    if policy.timeout is not None:
+        connect = read = policy.timeout
     opts: dict[str, Any] = {
         "retries": {"mode": "standard", "total_max_attempts": policy.attempts},
         "signature_version": "s3v4",
+        "connect_timeout": connect,
+        "read_timeout": read,
     }
-    if policy.timeout is not None:
-        opts.update(connect_timeout=policy.timeout, read_timeout=policy.timeout)
     return boto3.client(
         "s3", endpoint_url=config.s3_endpoint_url, config=BotoConfig(**opts)
     )

@@ -29,9 +29,9 @@ from wheelhouse.variants import parse_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
-COMMANDS = ["build", "gc", "publish", "request", "serve", "token", "worker", "workers"]
+COMMANDS = ["build", "gc", "publish", "request", "serve", "token", "verify", "worker", "workers"]
 #: Every command that opens storage offers --storage.
-STORAGE_COMMANDS = ["build", "gc", "publish", "serve"]
+STORAGE_COMMANDS = ["build", "gc", "publish", "serve", "verify"]
 
 
 def _flat(text: str) -> str:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,8 +19,8 @@ from tests.wheelhouse.test_wheels import assert_record_matches
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
 from wheelhouse.errors import AlreadyPublished, InvalidVariant, InvalidWheel, VersionMismatch
-from wheelhouse.publish import publish
-from wheelhouse.storage import ObjectInfo, Storage
+from wheelhouse.publish import Claim, publish
+from wheelhouse.storage import ByteStream, ObjectInfo, Storage, Tagged
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import read_metadata, sha256_file
 
@@ -56,7 +59,11 @@ def test_publish_writes_wheel_metadata_record_and_generation(
     assert record.wheel_key == wkey and record.metadata_key == wkey + ".metadata"
     claim = f"claims/torch2.8-cu128/{path.name}"
     assert _keys(storage) == {wkey, wkey + ".metadata", rkey, GENERATION_KEY, claim}
-    assert storage.get_bytes(claim).decode() == record.sha256
+    held = Claim.parse(storage.get_bytes(claim), 0.0)
+    # The claim says for which bytes, who (host, pid) and when: enough to expire it.
+    assert held.sha256 == record.sha256
+    assert (held.host, held.pid) == (socket.gethostname(), os.getpid())
+    assert time.time() - 60 < held.claimed_at <= time.time()
     assert storage.get_bytes(wkey) == path.read_bytes()
     assert storage.get_bytes(wkey + ".metadata") == read_metadata(path)
     assert Record.from_json(storage.get_bytes(rkey)) == record
@@ -217,11 +224,18 @@ class _Watched(Storage):
         self.before_write(key)
         self.inner.put_bytes(key, data, exclusive=exclusive)
 
+    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
+        self.before_write(key)
+        self.inner.replace_bytes(key, data, tag=tag)
+
     def get_bytes(self, key: str) -> bytes:
         return self.inner.get_bytes(key)
 
-    def iter_range(self, key: str, start: int, stop: int) -> Iterator[bytes]:
-        return self.inner.iter_range(key, start, stop)
+    def read_tagged(self, key: str) -> Tagged:
+        return self.inner.read_tagged(key)
+
+    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
+        return self.inner.open_range(key, start, stop)
 
     def stat(self, key: str) -> ObjectInfo:
         return self.inner.stat(key)
@@ -229,8 +243,8 @@ class _Watched(Storage):
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         return self.inner.list(prefix)
 
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
+    def delete(self, key: str, *, tag: str | None = None) -> None:
+        self.inner.delete(key, tag=tag)
 
     def list_partials(self) -> Iterator[ObjectInfo]:
         return self.inner.list_partials()

@@ -357,8 +357,12 @@ def test_s3_client_attempts_and_timeouts_come_from_the_policy() -> None:
     assert client.meta.config.retries["total_max_attempts"] == 3
     assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (7, 7)
     default = make_s3_client(Config(storage="s3://b", s3_endpoint_url="http://127.0.0.1:9"))
-    assert default.meta.config.retries["total_max_attempts"] == S3_REQUESTS.attempts == 4
-    assert default.meta.config.read_timeout == 60  # botocore's own, until a policy says
+    assert default.meta.config.retries["total_max_attempts"] == S3_REQUESTS.attempts == 2
+    # The Config's few seconds, never botocore's own minute: a hung S3 must not hang the index.
+    assert (default.meta.config.connect_timeout, default.meta.config.read_timeout) == (2, 5)
+    tuned = make_s3_client(Config(storage="s3://b", s3_endpoint_url="http://127.0.0.1:9",
+                                  storage_connect_timeout=0.5, storage_read_timeout=1.5))
+    assert (tuned.meta.config.connect_timeout, tuned.meta.config.read_timeout) == (0.5, 1.5)
 
 
 def test_local_storage_whose_root_is_a_file(tmp_path: Path) -> None:
