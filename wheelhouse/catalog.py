@@ -307,6 +307,9 @@ class Catalog:
         try:
             generation = self.storage.get_bytes(GENERATION_KEY).decode(errors="replace")
         except FileNotFoundError:
+            # Nothing published yet, or no storage at all (a local root that is a file, a
+            # bucket gone): only the first is an empty catalog.
+            self.storage.ping()
             generation = "empty"
         if previous is not None and generation == previous.generation:
             return previous

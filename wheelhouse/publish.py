@@ -173,6 +173,9 @@ def publish(
         ckey = claim_key(variant.base, name.filename)
         _claim(storage, ckey, rkey, Claim.new(record.sha256, by), timeout)
         storage.put_file(wkey, path)
+        # Before each further write: a publisher whose claim was taken over stops at its next
+        # step, so the window in which it can spoil the new holder's files is one write.
+        _still_ours(storage, ckey, record.sha256, name.filename)
         storage.put_bytes(wkey + ".metadata", metadata)
         _still_ours(storage, ckey, record.sha256, name.filename)
         try:

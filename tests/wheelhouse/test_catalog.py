@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from packaging.utils import NormalizedName, canonicalize_name, parse_wheel_filename
 
-from tests.helpers import make_wheel
-from wheelhouse.catalog import Catalog, Record, record_key
+from tests.helpers import free_port, make_wheel
+from wheelhouse.catalog import Catalog, Record, quarantine_key, record_key
+from wheelhouse.config import Config
+from wheelhouse.errors import StorageUnavailable
 from wheelhouse.publish import bump_generation, publish
-from wheelhouse.storage import Storage
+from wheelhouse.retry import RetryPolicy
+from wheelhouse.storage import (
+    ByteStream,
+    LocalStorage,
+    ObjectInfo,
+    S3Storage,
+    Storage,
+    Tagged,
+    make_s3_client,
+)
 from wheelhouse.variants import parse_variant
 
 FA = canonicalize_name("flash-attn")
@@ -306,3 +321,166 @@ def test_without_a_generation_bump_nothing_is_reread(storage: Storage, tmp_path:
     bump_generation(storage)
     assert catalog.files(base, FA) == [first, second]
     assert second.project == FA
+
+
+# --- storage trouble: readers never wait, stale beats down ------------------------------------
+
+
+class _Gated(Storage):
+    """A real storage whose reads block while the gate is closed: storage that hangs."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def _through(self) -> None:
+        assert self.gate.wait(60), "the test never reopened the gate"
+
+    def put_file(self, key: str, path: Path) -> None:
+        self.inner.put_file(key, path)
+
+    def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
+        self.inner.put_bytes(key, data, exclusive=exclusive)
+
+    def get_bytes(self, key: str) -> bytes:
+        self._through()
+        return self.inner.get_bytes(key)
+
+    def read_tagged(self, key: str) -> Tagged:
+        self._through()
+        return self.inner.read_tagged(key)
+
+    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
+        self.inner.replace_bytes(key, data, tag=tag)
+
+    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
+        self._through()
+        return self.inner.open_range(key, start, stop)
+
+    def stat(self, key: str) -> ObjectInfo:
+        self._through()
+        return self.inner.stat(key)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        self._through()
+        return self.inner.list(prefix)
+
+    def delete(self, key: str, *, tag: str | None = None) -> None:
+        self.inner.delete(key, tag=tag)
+
+    def list_partials(self) -> Iterator[ObjectInfo]:
+        return self.inner.list_partials()
+
+    def delete_partial(self, key: str) -> None:
+        self.inner.delete_partial(key)
+
+    def ping(self) -> None:
+        self._through()
+        self.inner.ping()
+
+
+def _unreachable(storage: Storage, tmp_path: Path) -> Storage:
+    """The same kind of storage, with nothing behind it (real errors, translated)."""
+    if isinstance(storage, LocalStorage):
+        (tmp_path / "root-is-a-file").write_bytes(b"")
+        return LocalStorage(tmp_path / "root-is-a-file")
+    assert isinstance(storage, S3Storage)
+    client = make_s3_client(Config(storage="s3://x", s3_endpoint_url=f"http://127.0.0.1:{free_port()}"),
+                            policy=RetryPolicy(attempts=1, timeout=1))
+    return S3Storage(client, storage.bucket, storage.prefix)
+
+
+def test_readers_never_wait_on_a_hung_refresh(storage: Storage, tmp_path: Path) -> None:
+    base = parse_variant("torch2.8-cu128")
+    first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    gated = _Gated(storage)
+    catalog = Catalog(gated, refresh_seconds=0, wait=0.5)
+    assert catalog.files(base, FA) == [first]
+
+    gated.gate.clear()  # storage hangs from now on
+    second = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.3")
+    started = time.monotonic()
+    assert catalog.files(base, FA) == [first]  # the one that started the refresh waited 0.5 s
+    for _ in range(20):  # ... every other reader not at all: a refresh is under way
+        assert catalog.files(base, FA) == [first]
+    assert time.monotonic() - started < 0.5 + 2
+    time.sleep(0.3)  # the refresh has now hung for longer than ``wait``
+    state = catalog.state()
+    assert state.loaded and state.stale and state.error is None  # hung, not failed (yet)
+
+    gated.gate.set()
+    deadline = time.monotonic() + 30
+    while catalog.files(base, FA) != [first, second]:
+        assert time.monotonic() < deadline, "the refresh never finished after storage came back"
+        time.sleep(0.05)
+    assert not catalog.state().stale
+
+
+def test_a_failed_refresh_keeps_the_last_catalog_and_says_so(
+    storage: Storage, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    base = parse_variant("torch2.8-cu128")
+    first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    catalog = Catalog(storage, refresh_seconds=0)
+    assert catalog.files(base, FA) == [first] and not catalog.state().stale
+
+    catalog.storage = _unreachable(storage, tmp_path)
+    with caplog.at_level(logging.WARNING, logger="wheelhouse.catalog"):
+        with pytest.raises(StorageUnavailable):
+            catalog.refresh()  # an explicit refresh says why it failed
+        for _ in range(5):
+            assert catalog.files(base, FA) == [first]  # readers: the last good view
+    state = catalog.state()
+    assert state.stale and state.loaded and state.generation is not None
+    assert state.error and state.age >= 0
+    assert [r.getMessage() for r in caplog.records].count(
+        f"catalog refresh failed; serving the last good catalog: {state.error}") == 1
+
+    catalog.storage = storage
+    second = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.3")
+    deadline = time.monotonic() + 30
+    while catalog.files(base, FA) != [first, second]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not catalog.state().stale and catalog.state().error is None
+
+
+def test_a_catalog_never_read_answers_unavailable_until_storage_answers(
+    storage: Storage, tmp_path: Path
+) -> None:
+    base = parse_variant("torch2.8-cu128")
+    first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    catalog = Catalog(_unreachable(storage, tmp_path), refresh_seconds=0)
+    with pytest.raises(StorageUnavailable):
+        catalog.refresh()
+    for read in (lambda: catalog.files(base, FA), lambda: catalog.generation,
+                 catalog.variants, lambda: len(catalog)):
+        with pytest.raises(StorageUnavailable, match="not been read from storage yet"):
+            read()
+    assert not catalog.state().loaded
+    catalog.storage = storage
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(StorageUnavailable):
+            if catalog.files(base, FA) == [first]:
+                break
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert catalog.state().loaded and not catalog.state().stale
+
+
+def test_quarantined_records_are_not_listed(storage: Storage, tmp_path: Path) -> None:
+    base = parse_variant("torch2.8-cu128")
+    a = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    b = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.3")
+    catalog = Catalog(storage, refresh_seconds=0)
+    assert catalog.files(base, FA) == [a, b]
+    storage.put_bytes(quarantine_key(b.key), b"{}")
+    bump_generation(storage)
+    assert catalog.files(base, FA) == [a]
+    assert catalog.find(base, FA, b.filename) is None
+    assert catalog.quarantined() == [b] and len(catalog) == 1
+    storage.delete(quarantine_key(b.key))
+    bump_generation(storage)
+    assert catalog.files(base, FA) == [a, b] and catalog.quarantined() == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -481,3 +482,103 @@ def test_open_storage_resolves_relative_directories(
 def test_open_storage_refuses(url: str) -> None:
     with pytest.raises(ValueError, match="WHEELHOUSE_STORAGE"):
         open_storage(Config(storage=url))
+
+
+# --- compare-and-swap, and reads that know their size -----------------------------------------
+
+
+def test_replace_bytes_swaps_only_the_version_read(storage: Storage) -> None:
+    storage.put_bytes("claims/x", b"first")
+    seen = storage.read_tagged("claims/x")
+    assert seen.data == b"first"
+    also_seen = storage.read_tagged("claims/x")
+    assert also_seen.tag == seen.tag
+    storage.replace_bytes("claims/x", b"second", tag=seen.tag)
+    assert storage.get_bytes("claims/x") == b"second"
+    # Whoever read "first" too has lost: the object changed under it.
+    with pytest.raises(FileExistsError):
+        storage.replace_bytes("claims/x", b"third", tag=also_seen.tag)
+    assert storage.get_bytes("claims/x") == b"second"
+    with pytest.raises(FileNotFoundError):
+        storage.replace_bytes("claims/never", b"x", tag=seen.tag)
+    with pytest.raises(FileNotFoundError):
+        storage.read_tagged("claims/never")
+
+
+def test_delete_with_a_tag_deletes_only_that_version(storage: Storage) -> None:
+    storage.put_bytes("claims/y", b"one")
+    old = storage.read_tagged("claims/y")
+    storage.put_bytes("claims/y", b"two")
+    with pytest.raises(FileExistsError):
+        storage.delete("claims/y", tag=old.tag)
+    assert storage.get_bytes("claims/y") == b"two"
+    storage.delete("claims/y", tag=storage.read_tagged("claims/y").tag)
+    assert not storage.exists("claims/y")
+    storage.delete("claims/y", tag=old.tag)  # gone already: fine, as a plain delete
+
+
+def test_racing_local_swaps_have_exactly_one_winner(local_storage: LocalStorage) -> None:
+    """Eight threads read the same version and all try to replace it: one succeeds. (Local
+    storage only: on S3 the atomicity is the server's If-Match, and moto's check-then-write
+    is not atomic itself; the sequential test above covers our side of it.)"""
+    storage = local_storage
+    storage.put_bytes("claims/race", b"stale")
+    tag = storage.read_tagged("claims/race").tag
+    start = threading.Barrier(8)
+    won: list[int] = []
+    lost: list[int] = []
+
+    def contend(n: int) -> None:
+        start.wait()
+        try:
+            storage.replace_bytes("claims/race", f"holder {n}".encode(), tag=tag)
+            won.append(n)
+        except FileExistsError:
+            lost.append(n)
+
+    threads = [threading.Thread(target=contend, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(won) == 1 and len(lost) == 7
+    assert storage.get_bytes("claims/race") == f"holder {won[0]}".encode()
+    # The lock file of local storage is never an object.
+    assert _keys(list(storage.list(""))) == {"claims/race"}
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, len(DATA)), (10, 20), (0, 0),
+                                             (len(DATA) + 5, len(DATA) + 9)])
+def test_open_range_knows_the_whole_size_first(storage: Storage, start: int, stop: int) -> None:
+    storage.put_bytes("w/r", DATA)
+    with storage.open_range("w/r", start, stop) as stream:
+        assert stream.size == len(DATA)
+        assert b"".join(stream) == DATA[start:stop]
+
+
+def test_open_range_of_a_missing_key_fails_before_any_byte(storage: Storage) -> None:
+    with pytest.raises(FileNotFoundError):
+        storage.open_range("w/none", 0, 10)  # at the call, not on the first iteration
+    with pytest.raises(FileNotFoundError):
+        storage.open_range("w/none", 0, 0)
+
+
+def test_s3_calls_are_bounded_by_the_configured_timeouts(tmp_path: Path,
+                                                        s3_env: dict[str, str]) -> None:
+    """A silent S3 (accepts connections, never answers) fails each call as StorageUnavailable
+    within about attempts x read timeout, whatever the call."""
+    config = Config(storage="s3://wheels", storage_connect_timeout=1, storage_read_timeout=1)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        config = config.replace(s3_endpoint_url=f"http://127.0.0.1:{silent.getsockname()[1]}")
+        storage = open_storage(config)
+        bound = S3_REQUESTS.attempts * config.storage_read_timeout + 3  # + botocore's backoff
+        for name, call in [("get", lambda: storage.get_bytes("w/a")),
+                           ("range", lambda: storage.open_range("w/a", 0, 10)),
+                           ("list", lambda: list(storage.list("records/"))),
+                           ("ping", storage.ping)]:
+            started = time.monotonic()
+            with pytest.raises(StorageUnavailable):
+                call()
+            assert time.monotonic() - started < bound, name
