@@ -329,3 +329,131 @@ def test_variant_of_a_record(tmp_path: Path, storage: Storage) -> None:
     stored = json.loads(storage.get_bytes(record_key(V_SM90.base, "pkg", path.name)))
     assert stored["variant"] == "torch2.8-cu128-sm90"
     assert Record.from_json(json.dumps(stored).encode()) == record
+
+
+# --- claims expire ------------------------------------------------------------------------------
+
+
+def _dead_claim(storage: Storage, path: Path, *, age: float, payload: bytes = b"dead") -> str:
+    """The claim a publisher of other bytes left ``age`` seconds ago before it died."""
+    key = f"claims/torch2.8-cu128/{path.name}"
+    claim = Claim(sha256=hashlib.sha256(payload).hexdigest(), id="dead", host="gone-host",
+                  pid=4242, claimed_at=time.time() - age, by="worker gpu-7")
+    storage.put_bytes(key, claim.to_json(), exclusive=True)
+    return key
+
+
+def test_a_fresh_claim_of_other_bytes_is_refused_and_says_whose(
+    storage: Storage, tmp_path: Path
+) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    _dead_claim(storage, path, age=60)
+    with pytest.raises(AlreadyPublished, match=r"worker gpu-7 on gone-host \(pid 4242\), "
+                                               r"claimed 6\ds ago; the claim expires after 3600s"):
+        publish(storage, path, V, claim_timeout=3600)
+    assert not storage.exists(record_key(V, "pkg", path.name))
+
+
+def test_an_expired_claim_without_a_record_is_taken_over(
+    storage: Storage, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    key = _dead_claim(storage, path, age=7200)
+    with caplog.at_level("WARNING", logger="wheelhouse.publish"):
+        record = publish(storage, path, V, claim_timeout=3600, by="alice")
+    assert "took over the expired claim on" in caplog.text and "gone-host" in caplog.text
+    held = Claim.parse(storage.get_bytes(key), 0.0)
+    assert (held.sha256, held.by, held.host) == (record.sha256, "alice", socket.gethostname())
+    catalog = Catalog(storage, refresh_seconds=0)
+    assert catalog.files(V, record.project) == [record]
+    assert storage.get_bytes(record.wheel_key) == path.read_bytes()
+
+
+def test_an_old_style_claim_expires_by_its_age_in_storage(storage: Storage,
+                                                          tmp_path: Path) -> None:
+    """Claims written before they said who and when hold a bare sha256: dated by mtime."""
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    key = f"claims/torch2.8-cu128/{path.name}"
+    storage.put_bytes(key, b"0" * 64, exclusive=True)
+    with pytest.raises(AlreadyPublished, match="claimed"):
+        publish(storage, path, V, claim_timeout=3600)
+    record = publish(storage, path, V, claim_timeout=0)
+    assert Claim.parse(storage.get_bytes(key), 0.0).sha256 == record.sha256
+
+
+def test_two_successors_racing_for_an_expired_claim_one_wins(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """Both read the dead claim; the second one's swap finds it changed and is refused, and
+    the stored wheel is the winner's."""
+    ours = make_wheel(tmp_path / "ours", "pkg", "1.0+cu128torch2.8", payload=b"ours")
+    theirs = make_wheel(tmp_path / "theirs", "pkg", "1.0+cu128torch2.8", payload=b"theirs")
+    key = _dead_claim(storage, ours, age=7200)
+    writes: list[str] = []
+    winner: list[Record] = []
+
+    def they_take_over_first(k: str) -> None:
+        writes.append(k)
+        # Our second write of the claim is the swap: we have read the dead claim by now.
+        if writes.count(key) == 2 and not winner:
+            winner.append(publish(storage, theirs, V, claim_timeout=3600))
+
+    with pytest.raises(AlreadyPublished, match="took over its expired claim first"):
+        publish(_Watched(storage, they_take_over_first), ours, V, claim_timeout=3600)
+    assert winner and Claim.parse(storage.get_bytes(key), 0.0).sha256 == winner[0].sha256
+    assert storage.get_bytes(winner[0].wheel_key) == theirs.read_bytes()
+    assert Catalog(storage, refresh_seconds=0).files(V, winner[0].project) == winner
+
+
+def test_a_publisher_whose_claim_was_taken_over_stops_before_the_record(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """A publisher that outlived the publish timeout: another took the name over while it
+    uploaded. It stops at its next step and lists nothing; the one upload it finished meanwhile
+    is the damage no claim can prevent, and verify finds it."""
+    slow = make_wheel(tmp_path / "slow", "pkg", "1.0+cu128torch2.8", payload=b"slow")
+    fast = make_wheel(tmp_path / "fast", "pkg", "1.0+cu128torch2.8", payload=b"fast")
+    wkey = wheel_key(V, "pkg", slow.name)
+    taken: list[Record] = []
+
+    def overtaken_while_uploading(k: str) -> None:
+        if k == wkey and not taken:
+            taken.append(publish(storage, fast, V, claim_timeout=0))
+
+    with pytest.raises(AlreadyPublished, match="ran past the publish timeout"):
+        publish(_Watched(storage, overtaken_while_uploading), slow, V, claim_timeout=3600)
+    record = Record.from_json(storage.get_bytes(record_key(V, "pkg", slow.name)))
+    assert record == taken[0] and record.sha256 == sha256_file(fast)
+    assert storage.get_bytes(record.metadata_key) == read_metadata(fast)
+    from wheelhouse.verify import check
+
+    assert [p.key for p in check(storage, record)] == [record.wheel_key]
+
+
+def test_publishing_the_same_bytes_repairs_a_quarantined_record(
+    storage: Storage, tmp_path: Path
+) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    record = publish(storage, path, V)
+    storage.put_bytes(record.wheel_key, b"damaged")
+    storage.put_bytes(f"quarantine/torch2.8-cu128/pkg/{path.name}.json", b"{}")
+    bump = storage.get_bytes(GENERATION_KEY)
+    assert publish(storage, path, V) == record
+    assert storage.get_bytes(record.wheel_key) == path.read_bytes()
+    assert not storage.exists(f"quarantine/torch2.8-cu128/pkg/{path.name}.json")
+    assert storage.get_bytes(GENERATION_KEY) != bump  # every server lists it again
+    assert Catalog(storage, refresh_seconds=0).files(V, record.project) == [record]
+
+
+def test_the_same_bytes_published_concurrently_are_one_publication(
+    storage: Storage, tmp_path: Path
+) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    rkey = record_key(V, "pkg", path.name)
+    other: list[Record] = []
+
+    def same_bytes_meanwhile(k: str) -> None:
+        if k == rkey and not other:
+            other.append(publish(storage, path, V))
+
+    assert publish(_Watched(storage, same_bytes_meanwhile), path, V) == other[0]
