@@ -9,12 +9,13 @@ from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
 
-from tests.helpers import make_wheel
+from tests.helpers import free_port, make_wheel
 from web import create_app
 from wheelhouse.catalog import Record
 from wheelhouse.config import Config
 from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.retry import RetryPolicy
+from wheelhouse.storage import LocalStorage, S3Storage, Storage, make_s3_client, open_storage
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"
@@ -59,3 +60,39 @@ def published(app_config: Config, tmp_path: Path) -> list[Record]:
                    tag="cp311-cp311-linux_x86_64", requires_python=">=3.9,<4")
     out.append(publish(storage, w, sm90))
     return out
+
+
+class Outage:
+    """Storage going away under a running app, and coming back: a local root that is suddenly
+    a file, or an S3 client pointed at a port nothing listens on. Real errors, translated by
+    the real storage classes; only where the storage object points changes."""
+
+    def __init__(self, storage: Storage, tmp_path: Path) -> None:
+        self.storage = storage
+        if isinstance(storage, LocalStorage):
+            self._good: object = storage.root
+            (tmp_path / "gone").write_bytes(b"")
+            self._bad: object = tmp_path / "gone"
+        else:
+            assert isinstance(storage, S3Storage)
+            self._good = storage.client
+            dead = Config(storage="s3://x", s3_endpoint_url=f"http://127.0.0.1:{free_port()}")
+            self._bad = make_s3_client(dead, policy=RetryPolicy(attempts=1, timeout=1))
+
+    def _point(self, where: object) -> None:
+        if isinstance(self.storage, LocalStorage):
+            self.storage.root = where  # type: ignore[assignment]
+        else:
+            self.storage.client = where  # type: ignore[attr-defined]
+
+    def begin(self) -> None:
+        self._point(self._bad)
+
+    def end(self) -> None:
+        self._point(self._good)
+
+
+@pytest.fixture
+def outage(app: Flask, tmp_path: Path) -> Outage:
+    """The app's storage, ready to fail (``begin``) and recover (``end``)."""
+    return Outage(app.extensions["wheelhouse"].storage, tmp_path)

@@ -9,10 +9,12 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.test import EnvironBuilder
 
-from tests.web.conftest import VARIANT
+from tests.web.conftest import VARIANT, Outage
 from tests.web.test_simple import UV_ACCEPT
+from web.errors import CATALOG_HEADER
 from web.fastpath import CachedPages
 from wheelhouse.catalog import Record
+from wheelhouse.errors import StorageError
 
 COMPARED = ("ETag", "Cache-Control", "Vary", "Content-Type", "Content-Length", "Location")
 
@@ -111,3 +113,73 @@ def test_metadata_hit_matches_the_flask_answer(app: Flask, client: FlaskClient,
     assert _direct(app, f"/files/{VARIANT}/{r.project}/nope-1.0-py3-none-any.whl.metadata",
                    {}) is None
     assert _direct(app, f"/files/bad-key/{r.project}/{r.filename}.metadata", {}) is None
+
+
+def _stale_age(value: str | None) -> int:
+    assert value is not None and value.startswith("stale; age="), value
+    return int(value.removeprefix("stale; age="))
+
+
+def test_a_stale_catalog_is_served_and_marked_on_both_paths(
+    app: Flask, client: FlaskClient, published: list[Record], outage: Outage
+) -> None:
+    cached, uncached = f"/{VARIANT}/simple/demo-ext/", f"/{VARIANT}/simple/"
+    meta = f"/files/{VARIANT}/{published[0].project}/{published[0].filename}.metadata"
+    first = client.get(cached)
+    client.get(meta)
+    assert CATALOG_HEADER not in first.headers
+    svc = app.extensions["wheelhouse"]
+
+    outage.begin()
+    with pytest.raises(StorageError):
+        svc.catalog.refresh()  # what the next due refresh meets: storage is down
+    fast = _direct(app, cached, {})
+    assert fast is not None  # still answered at once, from the last good catalog
+    status, headers, body = fast
+    assert status == "200 OK" and body == first.data
+    assert _stale_age(headers.get(CATALOG_HEADER)) >= 0
+    assert _stale_age(_direct(app, meta, {})[1].get(CATALOG_HEADER)) >= 0
+    for path in (cached, uncached, meta):  # Flask's answers too, rendered or not
+        resp = client.get(path)
+        assert resp.status_code == 200, path
+        _stale_age(resp.headers.get(CATALOG_HEADER))
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert "wheelhouse_catalog_stale 1.0" in metrics
+    assert "wheelhouse_catalog_stale_answers_total" in metrics
+
+    outage.end()
+    svc.catalog.refresh()
+    resp = client.get(cached)
+    assert resp.status_code == 200 and CATALOG_HEADER not in resp.headers
+    assert CATALOG_HEADER not in _direct(app, cached, {})[1]
+    assert "wheelhouse_catalog_stale 0.0" in client.get("/metrics").get_data(as_text=True)
+
+
+def test_storage_down_at_start_up_answers_503_until_it_returns(
+    app_config: Any, published: list[Record], tmp_path: Any
+) -> None:
+    """The server starts, answers what needs no catalog, and 503 (with a message, never a
+    redirect upstream or a 500) for what does, on the fast path too; then recovers alone."""
+    from web import create_app
+    from wheelhouse.storage import open_storage
+
+    storage = open_storage(app_config)
+    outage = Outage(storage, tmp_path)
+    outage.begin()
+    app = create_app(app_config, storage=storage)  # does not raise
+    client = app.test_client()
+    assert client.get("/healthz").status_code == 200
+    assert isinstance(app.wsgi_app, CachedPages)  # every request below passes the fast path
+    page = f"/{VARIANT}/simple/demo-ext/"
+    for path, accept in ((page, UV_ACCEPT), (page, "text/html"), (f"/{VARIANT}/simple/", ""),
+                         (f"/files/{VARIANT}/{published[0].project}/{published[0].filename}",
+                          "")):
+        resp = client.get(path, headers={"Accept": accept} if accept else {})
+        assert resp.status_code == 503, path
+        assert resp.headers["Retry-After"] == "10"
+        assert "catalog has not been read from storage yet" in resp.get_data(as_text=True)
+    assert "wheelhouse_catalog_stale 1.0" in client.get("/metrics").get_data(as_text=True)
+
+    outage.end()
+    resp = client.get(page, headers={"Accept": UV_ACCEPT})
+    assert resp.status_code == 200 and published[0].filename in resp.get_data(as_text=True)

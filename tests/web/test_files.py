@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.helpers import make_wheel
-from tests.web.conftest import VARIANT
+from tests.web.conftest import VARIANT, Outage
 from wheelhouse.catalog import Record, wheel_key
 from wheelhouse.config import Config
 from wheelhouse.storage import open_storage
@@ -56,6 +58,7 @@ def test_head_has_length_and_no_body(client: FlaskClient, published: list[Record
         ("bytes=-50", 206, (-50, None)),
         ("bytes=0-0", 206, (0, 1)),
         ("bytes=0-999999999", 206, (0, None)),  # clamped to the end
+        ("bytes=-999999999", 206, (0, None)),  # a suffix longer than the file: all of it
         ("bytes=999999999-", 416, None),
         ("bytes=5-2", 200, (0, None)),  # malformed: ignored, whole file
         ("bytes=0-1,5-6", 200, (0, None)),  # multipart ranges: served whole
@@ -125,3 +128,88 @@ def test_hostile_file_names(client: FlaskClient, published: list[Record], path: 
     resp = client.get(path)
     assert 400 <= resp.status_code < 500, (path, resp.status_code)
     assert b"Traceback" not in resp.data
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:]
+
+
+@pytest.mark.parametrize(("damage", "what"), [
+    ("truncate", "is {n} bytes in storage, {size} in its record"),
+    ("extend", "is {n} bytes in storage, {size} in its record"),
+    ("delete", "is missing from storage"),
+])
+@pytest.mark.parametrize(("method", "headers"), [
+    ("GET", {}), ("HEAD", {}), ("GET", {"Range": "bytes=0-99"}), ("GET", {"Range": "bytes=-10"}),
+])
+def test_a_wheel_whose_stored_size_is_wrong_answers_503(
+    app_config: Config, client: FlaskClient, published: list[Record],
+    caplog: pytest.LogCaptureFixture, damage: str, what: str, method: str,
+    headers: dict[str, str],
+) -> None:
+    """Never a short 200, never a closed connection: 503 before the first byte, and a log."""
+    r = published[0]
+    storage = open_storage(app_config)
+    if damage == "delete":
+        storage.delete(r.wheel_key)
+    else:
+        whole = storage.get_bytes(r.wheel_key)
+        storage.put_bytes(r.wheel_key, whole[:-7] if damage == "truncate" else whole + b"x")
+        what = what.format(n=r.size - 7 if damage == "truncate" else r.size + 1, size=r.size)
+    with caplog.at_level(logging.ERROR, logger="web.errors"):
+        resp = client.open(_url(r), method=method, headers=headers)
+    assert resp.status_code == 503
+    assert resp.headers["Retry-After"] == "10"
+    if method == "GET":
+        assert what in resp.get_data(as_text=True) and "republished" in resp.get_data(as_text=True)
+    assert f"503 on {method} {_url(r)}: {r.wheel_key} {what}" in caplog.text
+
+
+def test_a_flipped_byte_of_the_same_size_is_served_for_the_client_to_catch(
+    app_config: Config, client: FlaskClient, published: list[Record]
+) -> None:
+    """Hashing every download would cost the index its speed: the size is checked, the hash is
+    the client's (uv and pip check it against the page) and wheelhouse verify's."""
+    r = published[0]
+    storage = open_storage(app_config)
+    storage.put_bytes(r.wheel_key, _flip(storage.get_bytes(r.wheel_key), 50))
+    resp = client.get(_url(r))
+    assert resp.status_code == 200 and len(resp.data) == r.size
+    assert hashlib.sha256(resp.data).hexdigest() != r.sha256
+
+
+@pytest.mark.parametrize("damage", ["delete", "flip"])
+def test_damaged_metadata_answers_503_and_is_never_kept(
+    app_config: Config, client: FlaskClient, published: list[Record], damage: str
+) -> None:
+    r = published[0]
+    storage = open_storage(app_config)
+    good = storage.get_bytes(r.metadata_key)
+    if damage == "delete":
+        storage.delete(r.metadata_key)
+    else:
+        storage.put_bytes(r.metadata_key, _flip(good, 3))
+    for _ in range(2):
+        resp = client.get(_url(r) + ".metadata")
+        assert resp.status_code == 503 and resp.headers["Retry-After"] == "10"
+    storage.put_bytes(r.metadata_key, good)
+    resp = client.get(_url(r) + ".metadata")
+    assert resp.status_code == 200 and hashlib.sha256(resp.data).hexdigest() == r.metadata_sha256
+
+
+def test_downloads_answer_503_while_storage_is_down(
+    app: Flask, client: FlaskClient, published: list[Record], outage: Outage
+) -> None:
+    r = published[0]
+    client.get(f"/{VARIANT}/simple/demo-ext/")  # the catalog is loaded
+    outage.begin()
+    for path in (_url(r), _url(r) + ".metadata", _url(published[1])):
+        resp = client.get(path)
+        assert resp.status_code == 503, path
+        assert resp.headers["Retry-After"] == "10"
+        assert b"Traceback" not in resp.data
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'wheelhouse_storage_errors_total{kind=' in metrics
+    outage.end()
+    resp = client.get(_url(r))
+    assert resp.status_code == 200 and hashlib.sha256(resp.data).hexdigest() == r.sha256
