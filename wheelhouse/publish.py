@@ -260,15 +260,30 @@ def _still_ours(storage: Storage, key: str, sha256: str, filename: str) -> None:
 
 
 def _repair(storage: Storage, record: Record, path: Path, metadata: bytes) -> None:
-    """Publishing the bytes of a quarantined record stores them again and lists it again."""
+    """Publishing the bytes of a published record again finishes what the first attempt may
+    have left undone: the generation marker (a full disk or a storage outage right after the
+    record) and, for a quarantined record, its files."""
     marker = quarantine_key(record.key)
     if not storage.exists(marker):
+        if _unannounced(storage, record):
+            bump_generation(storage)
         return
     storage.put_file(record.wheel_key, path)
     storage.put_bytes(record.metadata_key, metadata)
     storage.delete(marker)
     bump_generation(storage)
     log.warning("republished quarantined %s", record.filename)
+
+
+def _unannounced(storage: Storage, record: Record) -> bool:
+    """Whether the generation marker is older than the record: its publisher failed between
+    the two, so no server process has been told. (Both times come from the same storage's
+    clock; on S3 to the second, so a bump lost within the record's second goes unseen.)"""
+    try:
+        told = storage.stat(GENERATION_KEY).mtime
+    except FileNotFoundError:
+        return True
+    return told < storage.stat(record.key).mtime
 
 
 def _known_archs(variant: Variant, archs: tuple[str, ...] | None) -> tuple[str, ...] | None:

@@ -18,7 +18,13 @@ from tests.helpers import make_wheel
 from tests.wheelhouse.test_wheels import assert_record_matches
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
-from wheelhouse.errors import AlreadyPublished, InvalidVariant, InvalidWheel, VersionMismatch
+from wheelhouse.errors import (
+    AlreadyPublished,
+    InvalidVariant,
+    InvalidWheel,
+    StorageUnavailable,
+    VersionMismatch,
+)
 from wheelhouse.publish import Claim, publish
 from wheelhouse.storage import ByteStream, ObjectInfo, Storage, Tagged
 from wheelhouse.variants import Variant, parse_variant
@@ -457,3 +463,23 @@ def test_the_same_bytes_published_concurrently_are_one_publication(
             other.append(publish(storage, path, V))
 
     assert publish(_Watched(storage, same_bytes_meanwhile), path, V) == other[0]
+
+
+def test_a_retry_announces_a_publication_whose_generation_bump_failed(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """Storage failed right after the record (a full disk): the retry of the same bytes tells
+    the servers, which would otherwise never list it."""
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    catalog = Catalog(storage, refresh_seconds=0)
+    assert catalog.files(V, canonicalize_name("pkg")) == []
+
+    def disk_full_at_the_generation(key: str) -> None:
+        if key == GENERATION_KEY:
+            raise StorageUnavailable("No space left on device")
+
+    with pytest.raises(StorageUnavailable):
+        publish(_Watched(storage, disk_full_at_the_generation), path, V)
+    assert catalog.files(V, canonicalize_name("pkg")) == []  # recorded, but nobody was told
+    record = publish(storage, path, V)
+    assert catalog.files(V, record.project) == [record]
