@@ -3,6 +3,10 @@
 A published file is served only as its record describes it: the stored wheel's size is checked
 before the first byte is sent (a truncated or missing wheel answers 503, never a short 200 or a
 closed connection), and a ``.metadata`` body is hashed before it is served or kept.
+
+While the catalog's refresh fails, storage is known not to answer: what would need it answers
+503 at once instead of spending the storage timeouts (and a server thread) to learn it again;
+``.metadata`` bodies already in memory are still served.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web.services import services
 from wheelhouse.catalog import Record
-from wheelhouse.errors import DamagedFile, StorageError
+from wheelhouse.errors import DamagedFile, StorageError, StorageUnavailable
 from wheelhouse.storage import ByteStream
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import parse_name
@@ -66,6 +70,7 @@ def _metadata(record: Record) -> bytes:
     key = record.metadata_key
     body = svc.metadata.get(key)
     if body is None:
+        _storage_answers()
         try:
             body = svc.storage.get_bytes(key)
         except FileNotFoundError:
@@ -80,6 +85,7 @@ def _metadata(record: Record) -> bytes:
 
 def _open_wheel(record: Record, start: int, stop: int) -> ByteStream:
     """The stored wheel, refused before any byte is sent unless its size is the record's."""
+    _storage_answers()
     try:
         stream = services().storage.open_range(record.wheel_key, start, stop)
     except FileNotFoundError:
@@ -89,6 +95,15 @@ def _open_wheel(record: Record, start: int, stop: int) -> ByteStream:
         raise _damaged(record.wheel_key, record,
                        f"is {stream.size} bytes in storage, {record.size} in its record")
     return stream
+
+
+def _storage_answers() -> None:
+    """Refuse at once while the catalog's refresh fails: storage is down (or hangs)."""
+    state = services().catalog.state()
+    if state.stale:
+        raise StorageUnavailable(
+            f"storage is not answering (the catalog has not been refreshed for "
+            f"{state.age:.0f}s: {state.error or 'no answer yet'}); try again shortly")
 
 
 def _damaged(key: str, record: Record, what: str) -> DamagedFile:

@@ -307,6 +307,13 @@ class Catalog:
         try:
             generation = self.storage.get_bytes(GENERATION_KEY).decode(errors="replace")
         except FileNotFoundError:
+            if previous is not None and previous.generation != "empty":
+                # The marker is never deleted: storage that had it and lost it was emptied,
+                # replaced or not mounted. Keep serving what was published (stale) rather
+                # than an empty index; a restarted server accepts an emptied storage.
+                raise StorageUnavailable(
+                    "the generation marker is gone from storage that had published files "
+                    "(emptied, replaced or not mounted?); keeping the last good catalog") from None
             # Nothing published yet, or no storage at all (a local root that is a file, a
             # bucket gone): only the first is an empty catalog.
             self.storage.ping()

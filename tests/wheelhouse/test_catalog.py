@@ -484,3 +484,21 @@ def test_quarantined_records_are_not_listed(storage: Storage, tmp_path: Path) ->
     storage.delete(quarantine_key(b.key))
     bump_generation(storage)
     assert catalog.files(base, FA) == [a, b] and catalog.quarantined() == []
+
+
+def test_storage_emptied_under_a_running_catalog_is_not_an_empty_index(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """A bucket re-created empty, a volume not mounted: the generation marker, which is never
+    deleted, is gone. Readers keep the last good catalog (stale) instead of listing nothing."""
+    base = parse_variant("torch2.8-cu128")
+    first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    catalog = Catalog(storage, refresh_seconds=0)
+    assert catalog.files(base, FA) == [first]
+    for obj in list(storage.list("")):
+        storage.delete(obj.key)
+    with pytest.raises(StorageUnavailable, match="generation marker is gone"):
+        catalog.refresh()
+    assert catalog.files(base, FA) == [first] and catalog.state().stale
+    # A server started now accepts the empty storage.
+    assert Catalog(storage, refresh_seconds=0).files(base, FA) == []
