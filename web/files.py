@@ -45,7 +45,13 @@ def _lookup(base_key: str, project: str, filename: str) -> Record:
     name = parse_name(filename)  # refuses traversal and anything that is not a wheel name
     if name.project != project:
         raise NotFound("no such file")
-    record = services().catalog.find(base, name.project, filename)
+    catalog = services().catalog
+    record = catalog.find(base, name.project, filename)
+    if record is None:
+        # Another server process may have listed it a moment ago (gunicorn workers refresh
+        # on their own): look again before a 404 that would contradict that page.
+        catalog.catch_up()
+        record = catalog.find(base, name.project, filename)
     if record is None:
         raise NotFound(f"{filename} is not published in {base.key}")
     return record

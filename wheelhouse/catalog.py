@@ -49,6 +49,8 @@ RECORDS = "records/"
 WHEELS = "wheels/"
 CLAIMS = "claims/"
 QUARANTINE = "quarantine/"
+#: Seconds between refreshes that readers' misses may ask for (:meth:`Catalog.catch_up`).
+CATCH_UP = 0.05
 
 
 def wheel_key(base: Variant, project: str, filename: str) -> str:
@@ -225,10 +227,11 @@ class Catalog:
     def generation(self) -> str:
         return self._current().generation
 
-    def maybe_refresh(self) -> None:
-        """Start a refresh if one is due; wait for it briefly if storage has been healthy."""
+    def maybe_refresh(self, *, due: float | None = None) -> None:
+        """Start a refresh if one is due (the last started ``due`` seconds ago, by default
+        ``refresh_seconds``); wait for it briefly if storage has been healthy."""
         now = time.monotonic()
-        if now - self._checked < self.refresh_seconds:
+        if now - self._checked < (self.refresh_seconds if due is None else due):
             return
         if self._pid != os.getpid():
             self._after_fork()
@@ -245,6 +248,12 @@ class Catalog:
             raise
         if patient:
             done.wait(self.wait)
+
+    def catch_up(self) -> None:
+        """For a reader that missed what another server process may have just listed (a file
+        on a page it served): refresh unless one started in the last :data:`CATCH_UP`
+        seconds. Bounded like any refresh: one at a time, at most that often."""
+        self.maybe_refresh(due=min(self.refresh_seconds, CATCH_UP))
 
     def refresh(self) -> None:
         """Re-read now, whatever the clock says, and raise :class:`StorageError` if storage

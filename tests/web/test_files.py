@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from flask.testing import FlaskClient
 
 from tests.helpers import make_wheel
 from tests.web.conftest import VARIANT, Outage
-from wheelhouse.catalog import Record, wheel_key
+from wheelhouse.catalog import CATCH_UP, Record, wheel_key
 from wheelhouse.config import Config
 from wheelhouse.storage import open_storage
 from wheelhouse.variants import parse_variant
@@ -211,5 +212,30 @@ def test_downloads_answer_503_while_storage_is_down(
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'wheelhouse_storage_errors_total{kind=' in metrics
     outage.end()
-    resp = client.get(_url(r))
+    # The first request after storage returns starts a refresh and, storage having failed,
+    # does not wait for it: downloads are back once it has succeeded.
+    deadline = time.monotonic() + 10
+    while (resp := client.get(_url(r))).status_code == 503:
+        assert time.monotonic() < deadline, "downloads did not come back"
+        time.sleep(0.05)
     assert resp.status_code == 200 and hashlib.sha256(resp.data).hexdigest() == r.sha256
+
+
+def test_a_file_another_worker_just_listed_is_served(app_config: Config, tmp_path: Path,
+                                                     published: list[Record]) -> None:
+    """Two gunicorn workers refresh on their own: a page from one lists a new wheel, and the
+    other, not yet due for a refresh, serves it instead of a 404."""
+    from web import create_app
+
+    worker_a = create_app(app_config).test_client()
+    worker_b = create_app(app_config.replace(catalog_refresh_seconds=3600)).test_client()
+    assert worker_b.get(_url(published[0])).status_code == 200  # B has read the catalog
+    w = make_wheel(tmp_path / "new", "demo-ext", "2.0+cu128torch2.8")
+    from wheelhouse.publish import publish
+
+    record = publish(open_storage(app_config), w, parse_variant(VARIANT))
+    assert record.filename in worker_a.get(f"/{VARIANT}/simple/demo-ext/").get_data(as_text=True)
+    time.sleep(CATCH_UP)  # B's own refresh (at its start) may be that recent: no sooner
+    for suffix in (".metadata", ""):
+        resp = worker_b.get(_url(record) + suffix)
+        assert resp.status_code == 200, suffix

@@ -14,7 +14,7 @@ import pytest
 from packaging.utils import NormalizedName, canonicalize_name, parse_wheel_filename
 
 from tests.helpers import free_port, make_wheel
-from wheelhouse.catalog import Catalog, Record, quarantine_key, record_key
+from wheelhouse.catalog import CATCH_UP, Catalog, Record, quarantine_key, record_key
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
 from wheelhouse.publish import bump_generation, publish
@@ -502,3 +502,17 @@ def test_storage_emptied_under_a_running_catalog_is_not_an_empty_index(
     assert catalog.files(base, FA) == [first] and catalog.state().stale
     # A server started now accepts the empty storage.
     assert Catalog(storage, refresh_seconds=0).files(base, FA) == []
+
+
+def test_catch_up_sees_a_publication_before_refresh_seconds(storage: Storage,
+                                                            tmp_path: Path) -> None:
+    """What a file download that another worker's page listed asks for (web.files)."""
+    base = parse_variant("torch2.8-cu128")
+    first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    catalog = Catalog(storage, refresh_seconds=3600)
+    assert catalog.files(base, FA) == [first]
+    second = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.3")
+    assert catalog.find(base, FA, second.filename) is None  # not due for an hour
+    time.sleep(CATCH_UP)
+    catalog.catch_up()
+    assert catalog.find(base, FA, second.filename) == second
