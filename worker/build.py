@@ -441,7 +441,9 @@ class Builder:
         def attempt() -> Record:
             try:
                 return publish(self.storage, wheel, self.spec.variant, archs=archs,
-                               build=replace(self.facts))
+                               build=replace(self.facts),
+                               claim_timeout=self.config.publish_timeout,
+                               by=f"build {self.facts.build_id}" if self.facts.build_id else None)
             except AlreadyPublished:
                 existing = self._already_published()
                 if existing is None:
