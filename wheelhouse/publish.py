@@ -222,11 +222,20 @@ def _claim(storage: Storage, key: str, rkey: str, mine: Claim, timeout: float) -
             holder, tag = read_claim(storage, key)
         except FileNotFoundError:
             continue
-        if holder.sha256 == mine.sha256:
-            return
         now = time.time()
+        expired = now - holder.claimed_at >= timeout
+        if holder.sha256 == mine.sha256:
+            if not expired:
+                return
+            # The same bytes, after the holder died: renew the claim, or a publisher of other
+            # bytes would take it over while we upload.
+            try:
+                storage.replace_bytes(key, mine.to_json(), tag=tag)
+                return
+            except (FileExistsError, FileNotFoundError):
+                continue  # changed meanwhile: look again
         filename = key.rpartition("/")[2]
-        if now - holder.claimed_at < timeout:
+        if not expired:
             raise AlreadyPublished(
                 f"{filename} is being published with different contents "
                 f"(sha256 {holder.sha256[:12]}…, {holder.describe(now)}; the claim expires "

@@ -483,3 +483,16 @@ def test_a_retry_announces_a_publication_whose_generation_bump_failed(
     assert catalog.files(V, canonicalize_name("pkg")) == []  # recorded, but nobody was told
     record = publish(storage, path, V)
     assert catalog.files(V, record.project) == [record]
+
+
+def test_retrying_the_same_bytes_renews_an_expired_claim(storage: Storage,
+                                                         tmp_path: Path) -> None:
+    """Otherwise a publisher of other bytes could take the name over mid-upload."""
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    key = f"claims/torch2.8-cu128/{path.name}"
+    old = Claim(sha256=sha256_file(path), id="dead", host="gone-host", pid=1,
+                claimed_at=time.time() - 7200)
+    storage.put_bytes(key, old.to_json(), exclusive=True)
+    publish(storage, path, V, claim_timeout=3600, by="retry")
+    renewed = Claim.parse(storage.get_bytes(key), 0.0)
+    assert renewed.by == "retry" and time.time() - renewed.claimed_at < 60
