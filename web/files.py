@@ -104,12 +104,13 @@ def _open_wheel(record: Record, start: int, stop: int) -> ByteStream:
 
 
 def _storage_answers() -> None:
-    """Refuse at once while the catalog's refresh fails: storage is down (or hangs)."""
+    """Refuse at once while the catalog's refresh fails: storage is down. (Not while a
+    refresh is merely slow: that may be a big reload, and refusing would be a false alarm.)"""
     state = services().catalog.state()
-    if state.stale:
+    if state.stale and state.error is not None:
         raise StorageUnavailable(
             f"storage is not answering (the catalog has not been refreshed for "
-            f"{state.age:.0f}s: {state.error or 'no answer yet'}); try again shortly")
+            f"{state.age:.0f}s: {state.error}); try again shortly")
 
 
 def _damaged(key: str, record: Record, what: str) -> DamagedFile:

@@ -146,7 +146,8 @@ class CatalogState:
     loaded: bool
     """A view was ever read; until then readers get :class:`StorageUnavailable`."""
     stale: bool
-    """The last refresh failed (or has hung past ``wait``): readers get the last good view."""
+    """The last refresh failed, or one has waited on storage for longer than ``wait``: readers
+    get the last good view."""
     age: float
     """Seconds since storage last confirmed the view (0 before the first)."""
     error: str | None
@@ -220,6 +221,8 @@ class Catalog:
         self._pid = os.getpid()
         self._checked = -math.inf
         self._started: float | None = None
+        # When the running refresh last heard from storage: a big reload is slow, not hung.
+        self._progress = 0.0
         self._confirmed: float | None = None
         self._error: str | None = None
 
@@ -267,7 +270,7 @@ class Catalog:
     def state(self) -> CatalogState:
         now = time.monotonic()
         view, started, error = self._view, self._started, self._error
-        hung = started is not None and now - started > self.wait
+        hung = started is not None and now - max(started, self._progress) > self.wait
         return CatalogState(
             loaded=view is not None,
             stale=view is not None and (error is not None or hung),
@@ -329,6 +332,7 @@ class Catalog:
             generation = "empty"
         if previous is not None and generation == previous.generation:
             return previous
+        self._progress = time.monotonic()
         keys = {o.key for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
         quarantined = frozenset(RECORDS + o.key.removeprefix(QUARANTINE)
                                 for o in self.storage.list(QUARANTINE)) & keys
@@ -336,6 +340,7 @@ class Catalog:
         records = {k: known[k] for k in keys if k in known}
         unreadable = set(previous.unreadable & keys) if previous is not None else set()
         for key in sorted(keys - records.keys() - unreadable):
+            self._progress = time.monotonic()
             try:
                 records[key] = Record.from_json(self.storage.get_bytes(key))
             except FileNotFoundError:
