@@ -208,6 +208,8 @@ class Catalog:
 
     ``wait`` bounds how long the reader that starts a refresh waits for it (while storage is
     healthy, so that a publication is visible to the next request); other readers never wait.
+    The one exception is the very first read, which its reader waits for (bounded by
+    storage's timeouts): there is nothing else to answer from.
     """
 
     def __init__(self, storage: Storage, refresh_seconds: float = 1.0, *,
@@ -241,6 +243,7 @@ class Catalog:
         if not self._refreshing.acquire(blocking=False):
             return  # someone is refreshing: read the current view
         self._checked = now
+        first = self._view is None and self._error is None
         patient = self._view is None or self._error is None
         done = threading.Event()
         try:
@@ -249,7 +252,11 @@ class Catalog:
         except BaseException:
             self._refreshing.release()
             raise
-        if patient:
+        if first:
+            # Nothing to serve without it: the very first read is waited for, which storage's
+            # own timeouts bound.
+            done.wait()
+        elif patient:
             done.wait(self.wait)
 
     def catch_up(self) -> None:
