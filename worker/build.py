@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from uv import find_uv_bin
 
 from wheelhouse.buildfacts import BuildFacts, MaxJobs, Reaped
 from wheelhouse.buildspec import BuildSpec
@@ -272,9 +273,7 @@ class Builder:
 
     def _venv(self, src: Path) -> Path:
         self.reporter.phase("venv")
-        uv = shutil.which("uv")
-        if uv is None:
-            raise BuildFailed(FailureKind.INFRASTRUCTURE, "uv is not installed on the worker")
+        uv = find_uv_bin()  # the uv package's own binary: a worker's PATH needn't have it
         venv = self.workspace / "venv"
         env = install_env()
         self._run_checked([uv, "venv", "--seed", "--clear", "--python", self.spec.python,
@@ -413,7 +412,7 @@ class Builder:
         return wheel
 
     def _import_check(self, wheel: Path, python: Path, modules: list[str]) -> None:
-        uv = shutil.which("uv") or "uv"
+        uv = find_uv_bin()
         env = install_env()
         self._run_checked([uv, "pip", "install", "--python", str(python), "--no-deps",
                            "--reinstall", str(wheel)], env=env,
