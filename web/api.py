@@ -10,10 +10,11 @@ from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailab
 
 from web import auth
 from web.builds import JOB_ID, build_view, submit
-from web.form import parse_request, recipe_list
+from web.form import parse_request
 from web.services import services
 from wheelhouse.fleet import live_workers, servable
 from wheelhouse.queue import cancel_build, get_build, log_since
+from wheelhouse.recipes import allowed_projects
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -59,7 +60,7 @@ def create_builds() -> Response:
                          "\"python\": [...], \"archs\": [...]}")
     rerun = data.pop("rerun_failed", False) is True
     svc = services()
-    req = parse_request(data, recipe_list(svc.config))
+    req = parse_request(data, allowed_projects(svc.config))
     if req.errors:
         resp = jsonify({"error": "; ".join(f"{k}: {v}" if k != "_" else v
                                            for k, v in req.errors.items()),

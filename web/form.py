@@ -6,11 +6,11 @@ API can name the field; :meth:`BuildSpec.create` validates again in the core.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from wheelhouse.buildspec import (
@@ -23,7 +23,7 @@ from wheelhouse.buildspec import (
 )
 from wheelhouse.config import Config
 from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
-from wheelhouse.recipes import recipe_dirs, recipe_projects
+from wheelhouse.recipes import recipe_dirs, recipe_projects, suggested_projects
 from wheelhouse.variants import (
     KNOWN_ARCHS,
     KNOWN_CUDA,
@@ -40,7 +40,13 @@ MAX_PYTHONS = len(KNOWN_PYTHONS)
 
 
 def recipe_list(config: Config) -> list[str]:
+    """Projects with a recipe of their own."""
     return recipe_projects(recipe_dirs(config))
+
+
+def project_suggestions(config: Config) -> list[str]:
+    """The projects the form suggests; any other valid name may be typed."""
+    return suggested_projects(config)
 
 
 # -- validating a request --
@@ -98,15 +104,24 @@ def _known(errors: dict[str, str], name: str, values: list[str],
     return out
 
 
-def parse_request(data: Mapping[str, Any], projects: Iterable[str]) -> BuildRequest:
-    """Check every field of a build request against its allow-list; never raises."""
+def parse_request(data: Mapping[str, Any], allowed: Collection[str] = ()) -> BuildRequest:
+    """Check every field of a build request against its allow-list; never raises.
+
+    ``allowed`` is the operator's list of projects (``WHEELHOUSE_ALLOWED_PROJECTS``); empty
+    means any valid project name (the generic recipe builds those without a recipe).
+    """
     req = BuildRequest()
     errors = req.errors
-    allowed = set(projects)
     project = _text(data, "project", errors)
-    if project and canonicalize_name(project) not in allowed:
-        errors["project"] = (f"no recipe for project {_short(project)!r}; known: "
-                             + (", ".join(sorted(allowed)) or "none"))
+    if project:
+        try:
+            name = canonicalize_name(project, validate=True)
+        except InvalidName:
+            errors["project"] = f"{_short(project)!r} is not a valid project name"
+        else:
+            if allowed and name not in allowed:
+                errors["project"] = (f"{_short(project)!r} is not built by this server; it "
+                                     f"builds {', '.join(sorted(allowed))}")
     version = _text(data, "version", errors)
     if version:
         try:

@@ -12,19 +12,21 @@ from flask import (
     request,
     url_for,
 )
+from packaging.utils import InvalidName, canonicalize_name
 from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.api import base_url
 from web.builds import JOB_ID, build_view, spec_of, submit
-from web.form import SUGGESTED_TORCH, parse_request, recipe_list
+from web.form import SUGGESTED_TORCH, parse_request, project_suggestions, recipe_list
 from web.matrix import build_matrix
 from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import UnservableSpec
 from wheelhouse.fleet import live_workers, servable
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
+from wheelhouse.recipes import allowed_projects
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("pages", __name__)
@@ -97,18 +99,31 @@ def _fleet() -> tuple[set[tuple[str, str]], list[Any]]:
 def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
     svc = services()
     pairs, workers = _fleet()
-    recipes = recipe_list(svc.config)
-    project = values.get("project") or (recipes[0] if recipes else "")
-    versions = svc.versions.get(svc.router.default, project) if project in recipes else None
+    suggestions = project_suggestions(svc.config)
+    project = values.get("project") or (suggestions[0] if suggestions else "")
+    # Versions are looked up for a name that is valid and allowed (never for arbitrary input).
+    versions = (svc.versions.get(svc.router.default, project)
+                if project and "project" not in errors and _valid_name(project) else None)
     servable_cuda = sorted({c for c, _ in pairs})
     return {
-        "values": values, "errors": errors, "recipes": recipes, "project": project,
+        "values": values, "errors": errors, "suggestions": suggestions, "project": project,
+        "allowlist": bool(allowed_projects(svc.config)),
         "versions": versions, "upstream": svc.router.default,
         "torch_versions": SUGGESTED_TORCH, "cudas": KNOWN_CUDA, "servable_cuda": servable_cuda,
         "pairs": sorted(pairs), "machines": KNOWN_MACHINES,
         "servable_machines": sorted({m for _, m in pairs}), "pythons": KNOWN_PYTHONS,
         "archs": KNOWN_ARCHS, "workers": workers,
     }
+
+
+def _valid_name(project: str) -> bool:
+    """A valid project name that the operator's allowlist (if any) includes."""
+    try:
+        name = canonicalize_name(project, validate=True)
+    except InvalidName:
+        return False
+    allowed = allowed_projects(services().config)
+    return not allowed or name in allowed
 
 
 @bp.get("/request")
@@ -139,7 +154,7 @@ def request_submit() -> BaseResponse | tuple[str, int]:
                             ("project", "version", "torch", "cuda", "machine")}
     data["python"] = request.form.getlist("python")
     data["archs"] = request.form.getlist("archs")
-    req = parse_request(data, recipe_list(svc.config))
+    req = parse_request(data, allowed_projects(svc.config))
     rerun = request.form.get("rerun") == "1"
     req.values["rerun"] = rerun
     submitted = None

@@ -108,6 +108,9 @@ class Config:
     publish_timeout: int = 3600
     """Seconds a publication may hold its file name; an older claim with no record is taken over."""
 
+    allowed_projects: str = ""
+    """Projects builds may be requested for (comma-separated); empty: any (generic recipe)."""
+
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
 

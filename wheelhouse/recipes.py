@@ -15,9 +15,9 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
-from packaging.utils import canonicalize_name
+from packaging.utils import NormalizedName, canonicalize_name
 
-from wheelhouse.errors import InvalidRecipe, InvalidVariant
+from wheelhouse.errors import InvalidBuildSpec, InvalidRecipe, InvalidVariant
 from wheelhouse.variants import Variant, normalize_arch
 
 if TYPE_CHECKING:
@@ -186,3 +186,28 @@ def load_recipe(project: str, extra_dirs: Iterable[Path | str] = ()) -> Recipe:
 def recipe_projects(extra_dirs: Iterable[Path | str] = ()) -> list[str]:
     """Projects with a recipe of their own (what the request form offers)."""
     return sorted(n for n in available_recipes(extra_dirs) if n != GENERIC)
+
+
+# -- which projects may be built --
+
+
+def allowed_projects(config: Config) -> frozenset[NormalizedName]:
+    """The projects builds may be requested for (``WHEELHOUSE_ALLOWED_PROJECTS``); empty means
+    any project: those without a recipe of their own build with the generic one."""
+    names = config.allowed_projects.replace(",", " ").split()
+    return frozenset(canonicalize_name(n) for n in names)
+
+
+def check_allowed(config: Config, project: str) -> None:
+    """Raise :class:`InvalidBuildSpec` when the operator's allowlist leaves ``project`` out."""
+    allowed = allowed_projects(config)
+    if allowed and canonicalize_name(project) not in allowed:
+        raise InvalidBuildSpec(
+            f"{project[:80]!r} is not built by this server; it builds "
+            f"{', '.join(sorted(allowed))} (WHEELHOUSE_ALLOWED_PROJECTS)")
+
+
+def suggested_projects(config: Config) -> list[str]:
+    """What a request form offers: the allowlist where there is one, else the projects with a
+    recipe of their own (any other valid name is accepted too)."""
+    return sorted(allowed_projects(config)) or recipe_projects(recipe_dirs(config))

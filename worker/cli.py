@@ -19,6 +19,7 @@ from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, InvalidBuildSpec, WheelhouseError
 from wheelhouse.fleet import live_workers
+from wheelhouse.recipes import check_allowed
 
 
 @click.command("worker")
@@ -103,6 +104,7 @@ def build_command(config: Config, target: str, torch_version: str, cuda: str,
 
     try:
         project, version, source = parse_target(target)
+        check_allowed(config, project)
         spec = BuildSpec.create(
             project, version,
             python=python_version or f"{sys.version_info.major}.{sys.version_info.minor}",

@@ -75,6 +75,32 @@ def test_a_published_wheel_is_linked_not_rebuilt(
     assert get_build(conn, spec.job_id) is None  # nothing was enqueued
 
 
+def test_any_project_builds_with_the_generic_recipe(client: FlaskClient, tok: str) -> None:
+    """No recipe of its own is needed: the README's promise, kept by the API."""
+    resp = client.post("/api/builds", json={**GOOD, "project": "Some_CUDA.Ext"},
+                       headers=bearer(tok))
+    assert resp.status_code == 201, resp.json
+    [b] = resp.json["builds"]
+    assert b["created"] and b["id"].startswith("build-some-cuda-ext-2_8_3-")
+
+
+def test_the_operators_allowlist_restricts_projects(
+        redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    advertise_worker(conn)
+    client = make_app(redis_url, tmp_path, allowed_projects="flash-attn, causal_conv1d"
+                      ).test_client()
+    tok = token(conn)
+    refused = client.post("/api/builds", json={**GOOD, "project": "some-ext"},
+                          headers=bearer(tok))
+    assert refused.status_code == 400
+    assert refused.json["fields"]["project"] == (
+        "'some-ext' is not built by this server; it builds causal-conv1d, flash-attn")
+    assert not any(k.startswith(b"rq:job:") for k in conn.keys())
+    allowed = client.post("/api/builds", json={**GOOD, "project": "Causal-Conv1D"},
+                          headers=bearer(tok))
+    assert allowed.status_code == 201, allowed.json
+
+
 def test_unservable_combination_is_a_clear_409(client: FlaskClient, tok: str) -> None:
     resp = client.post("/api/builds", json={**GOOD, "cuda": "13.0"}, headers=bearer(tok))
     assert resp.status_code == 409
@@ -143,7 +169,8 @@ HUGE = "x" * 10_000
     ({"project": "$(reboot)"}, "project"),
     ({"project": "../../etc/passwd"}, "project"),
     ({"project": HUGE}, "project"),
-    ({"project": "not-a-recipe"}, "project"),
+    ({"project": "-not-a-name-"}, "project"),
+    ({"project": "two words"}, "project"),
     ({"project": None}, "project"),
     ({"project": 42}, "project"),
     ({"version": "2.8.3; touch /tmp/pwned"}, "version"),

@@ -215,7 +215,9 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     sign_in(client, token(conn))
     page = client.get("/request").text
     options = _options(page)
-    assert '<option value="flash-attn" selected>' in page
+    # The project is typed; recipe projects are suggested.
+    assert 'id="project" name="project" list="project-list" value="flash-attn"' in page
+    assert '<datalist id="project-list"><option value="flash-attn"></datalist>' in page
     cuda = {v: o for v, o in options["cuda"].items() if v}
     assert set(cuda) == set(KNOWN_CUDA)
     # A 12.8 toolkit builds every CUDA 12.x up to 12.8, never 12.9 or 13.x.
@@ -273,6 +275,41 @@ def test_one_submission_creates_several_builds_and_links_existing_ones(
     results = resp.text[resp.text.index('id="submitted"'):]
     assert f'/builds/{_spec("3.11", archs=("90",)).job_id}">new build' in results
     assert f'/builds/{existing}">existing build' in results
+
+
+def test_any_project_may_be_requested_and_recipes_are_suggested(
+        client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(client, token(conn))
+    form = client.get("/request").text
+    assert "the others build with the generic recipe" in " ".join(form.split())
+    resp = client.post("/request", data={**GOOD, "project": "my-cuda-ext", "python": "3.11",
+                                         "csrf_token": csrf})
+    assert resp.status_code == 303, resp.text
+    page = client.get(resp.headers["Location"]).text
+    assert "my-cuda-ext 2.8.3 for Python 3.11, torch2.8-cu128-sm90" in page
+    bad = client.post("/request", data={**GOOD, "project": "my ext!", "python": "3.11",
+                                        "csrf_token": csrf})
+    assert bad.status_code == 400
+    text = bad.text
+    field = text[text.index('<label for="project">'):text.index('<label for="version">')]
+    assert "&#39;my ext!&#39; is not a valid project name" in field
+
+
+def test_the_allowlist_is_what_the_form_offers_and_accepts(
+        redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    advertise_worker(conn)
+    client = make_app(redis_url, tmp_path, allowed_projects="flash-attn,causal-conv1d"
+                      ).test_client()
+    csrf = sign_in(client, token(conn))
+    form = client.get("/request").text
+    assert ('<datalist id="project-list"><option value="causal-conv1d">'
+            '<option value="flash-attn"></datalist>') in form
+    assert "This server builds causal-conv1d, flash-attn." in form
+    resp = client.post("/request", data={**GOOD, "project": "my-cuda-ext", "python": "3.11",
+                                         "csrf_token": csrf})
+    assert resp.status_code == 400
+    assert "is not built by this server; it builds causal-conv1d, flash-attn" in resp.text
+    assert not any(k.startswith(b"rq:job:") for k in conn.keys())
 
 
 def test_one_build_lands_on_its_page(client: FlaskClient, conn: Redis) -> None:
@@ -352,7 +389,8 @@ def test_versions_come_from_an_html_only_upstream(
         client = make_app(redis_url, tmp_path, upstream=f"{url}/simple/").test_client()
         sign_in(client, token(conn))
         page = client.get("/request").text
-    datalist = page[page.index('<datalist id="version-list">'):page.index("</datalist>")]
+    start = page.index('<datalist id="version-list">')
+    datalist = page[start:page.index("</datalist>", start)]
     shown = [m.split('"')[1] for m in datalist.split("<option value=")[1:]]
     assert shown == ["2.8.3.post1", "2.8.3", "2.8.2", "2.7.4"]  # newest first, no dev releases
     assert "4 versions on the upstream index" in page
