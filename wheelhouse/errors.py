@@ -109,6 +109,9 @@ class FailureKind(StrEnum):
     REFUSED_JOB = "refused-job"
     """The queue held a job that is not a build request (see ``RefusedJob``): never run, not
     retried."""
+    UNVERIFIED_SOURCE = "unverified-source"
+    """The upstream index publishes no sha256 for the sdist, or the download does not match
+    it: wheelhouse builds only source it can verify. Not retried."""
 
     @property
     def retryable(self) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wheelhouse.config import Config
-from wheelhouse.errors import FailureKind
+from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
 
 if TYPE_CHECKING:
@@ -70,6 +70,15 @@ def _build_worker_class() -> type[Any]:
                 job.retries_left = 0
             super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
                                        exc_string=exc_string)
+
+        def handle_exception(self, job: Job, *exc_info: Any) -> None:
+            # A classified failure is one line: its kind and reason say it all, and the build
+            # log holds the detail. Anything else is unexpected and keeps RQ's traceback.
+            exc = exc_info[1] if len(exc_info) > 1 else None
+            if isinstance(exc, BuildFailed):
+                log.error("build %s failed [%s]: %s", job.id, exc.kind.value, exc.reason)
+                return
+            super().handle_exception(job, *exc_info)
 
     return BuildWorker
 

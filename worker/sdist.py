@@ -55,9 +55,9 @@ def find_sdist(index_url: str, project: str, version: str, *,
 def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0) -> Path:
     """Download and check the sha256 the index published; refuse a source without one."""
     if link.sha256 is None:
-        raise BuildFailed(FailureKind.INCOMPATIBLE,
-                          f"the index publishes no sha256 for {link.filename}; refusing to "
-                          "build unverified source")
+        raise BuildFailed(FailureKind.UNVERIFIED_SOURCE,
+                          f"the upstream index publishes no sha256 for {link.filename}; "
+                          "wheelhouse builds only source it can verify (WHEELHOUSE_UPSTREAM)")
     if "/" in link.filename or link.filename.startswith("."):
         raise BuildFailed(FailureKind.INCOMPATIBLE, f"bad sdist name {link.filename!r}")
     dest_dir.mkdir(parents=True, exist_ok=True)
@@ -80,10 +80,12 @@ def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0)
         raise InfrastructureError(f"downloading {link.url}: {exc}") from None
     if digest.hexdigest() != link.sha256:
         part.unlink(missing_ok=True)
-        # A corrupted transfer is worth another try; a tampered file fails every time.
-        raise InfrastructureError(
-            f"{link.filename}: sha256 {digest.hexdigest()[:16]}… does not match the index's "
-            f"{link.sha256[:16]}…")
+        # A whole transfer (its length was checked by HTTP) with other bytes than the index
+        # promised is a changed or tampered file, not a network hiccup: not worth another try.
+        raise BuildFailed(
+            FailureKind.UNVERIFIED_SOURCE,
+            f"{link.filename}: sha256 {digest.hexdigest()[:16]}… does not match the "
+            f"{link.sha256[:16]}… the upstream index publishes; refusing to build it")
     part.replace(dest)
     return dest
 

@@ -173,11 +173,13 @@ def test_fetch_verifies_and_unpacks(index: str, tmp_path: Path, flavour: str) ->
 
 
 def test_fetch_refuses_bad_or_missing_hashes_and_versions(index: str, tmp_path: Path) -> None:
-    with pytest.raises(InfrastructureError, match="does not match"):
+    with pytest.raises(BuildFailed, match="does not match") as mismatch:
         download_sdist(find_sdist(f"{index}/bad/", "demo-ext", "1.0"), tmp_path / "dl")
+    assert mismatch.value.kind is FailureKind.UNVERIFIED_SOURCE
     assert not list((tmp_path / "dl").iterdir())  # no partial file left behind
-    with pytest.raises(BuildFailed, match="no sha256"):
+    with pytest.raises(BuildFailed, match="no sha256") as missing:
         download_sdist(find_sdist(f"{index}/nohash/", "demo-ext", "1.0"), tmp_path / "dl")
+    assert missing.value.kind is FailureKind.UNVERIFIED_SOURCE
     with pytest.raises(BuildFailed, match=r"demo-ext 2\.0 has no sdist"):
         find_sdist(f"{index}/json/", "demo-ext", "2.0")
     with pytest.raises(BuildFailed, match="has no sdist"):
