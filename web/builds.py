@@ -119,18 +119,25 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         elapsed = max(0.0, ((ended or now) - started).total_seconds())
     estimate = None
     remaining = None
+    finishing = False
     if not status.finished:
         estimate = history_estimate(conn, status)
+        finishing = _finishing(status)
         done_total = status.progress
-        if elapsed and done_total and done_total[0] > 0:
-            remaining = elapsed * (done_total[1] - done_total[0]) / done_total[0]
-        elif estimate is not None and elapsed is not None:
-            remaining = max(0.0, estimate - elapsed)
+        if finishing:
+            pass  # what is left (link, pack, check, upload) has no count to extrapolate from
+        elif elapsed and done_total and done_total[0] > 0:
+            # At least a second: "about 0 s left" would claim the end before it comes.
+            remaining = max(1.0, elapsed * (done_total[1] - done_total[0]) / done_total[0])
+        elif estimate is not None and elapsed is not None and estimate > elapsed:
+            remaining = estimate - elapsed
     progress = None
     if status.progress:
         done, total = status.progress
-        progress = {"done": done, "total": total,
-                    "percent": round(100.0 * done / total, 1) if total else 0.0}
+        percent = round(100.0 * done / total, 1) if total else 0.0
+        if not status.finished:
+            percent = min(percent, _RUNNING_MAX_PERCENT)  # 100% is for a build that ended
+        progress = {"done": done, "total": total, "percent": percent}
     return {
         "id": status.job_id,
         "state": status.state.value,
@@ -155,4 +162,20 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         "elapsed_seconds": round(elapsed, 1) if elapsed is not None else None,
         "estimate_seconds": round(estimate, 1) if estimate is not None else None,
         "remaining_seconds": round(remaining, 1) if remaining is not None else None,
+        "finishing": finishing,
     }
+
+
+#: The most a running build's progress shows: its last compile step done is not the end.
+_RUNNING_MAX_PERCENT = 99.0
+#: Steps after the compile: checking the wheel and publishing it.
+_AFTER_COMPILE = frozenset({"check", "publish"})
+
+
+def _finishing(status: BuildStatus) -> bool:
+    """Whether a running build is past its last compile step: linking, packing the wheel,
+    checking and uploading it, none of which ninja's ``[N/M]`` counts."""
+    if status.phase in _AFTER_COMPILE:
+        return True
+    progress = status.progress
+    return progress is not None and progress[0] >= progress[1] > 0

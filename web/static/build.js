@@ -38,10 +38,15 @@
     var pct = b.progress ? b.progress.percent : (b.state === "built" ? 100 : 0);
     document.getElementById("bar-fill").style.width = pct + "%";
     document.getElementById("bar").setAttribute("aria-valuenow", pct);
-    text("progress-text", b.progress ? "[" + b.progress.done + "/" + b.progress.total + "] " + b.progress.percent + "%" : "\u2014");
+    // The server never claims the end before it comes: past the last compile step the build
+    // is "finishing" (linking, packing, uploading), with no count left to extrapolate.
+    var counted = b.finishing ? "finishing" : (b.progress ? b.progress.percent + "%" : "");
+    text("progress-text", b.progress ? "[" + b.progress.done + "/" + b.progress.total + "] " + counted
+                                     : (b.finishing ? "finishing" : "\u2014"));
     text("elapsed", duration(b.elapsed_seconds));
     var est = [];
-    if (b.remaining_seconds !== null) { est.push("about " + duration(b.remaining_seconds) + " left"); }
+    if (b.finishing) { est.push("finishing (linking, packing, uploading)"); }
+    else if (b.remaining_seconds !== null) { est.push("about " + duration(b.remaining_seconds) + " left"); }
     if (b.estimate_seconds !== null) { est.push("(earlier builds took " + duration(b.estimate_seconds) + ")"); }
     text("estimate", est.length ? est.join(" ") : "\u2014");
     text("max-jobs", b.max_jobs === null ? "\u2014" : String(b.max_jobs) + (b.max_jobs_reason ? " (" + b.max_jobs_reason + ")" : ""));
