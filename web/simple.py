@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from urllib.parse import urlencode
 
 from flask import (
     Blueprint,
@@ -23,6 +24,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import onmiss
 from web.caches import Page, PageKey
+from web.form import recipe_list
 from web.services import services
 from wheelhouse.catalog import Record
 from wheelhouse.errors import InvalidProjectName
@@ -155,6 +157,12 @@ def project(variant_key: str, name: str) -> BaseResponse:
     if files:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
     else:
+        elsewhere = svc.catalog.variants_of(normalized)
+        if elsewhere or _hosted(normalized):
+            # Never upstream: the public index would hand the installer an sdist to compile
+            # (or, for a name we host, a stranger's package). Not cached: the answer names
+            # this server's address, and such misses are rare.
+            raise NotFound(_missing(variant, normalized, elsewhere))
         page = _make_page(b"", fmt, status=302, location=_not_hosted(variant, normalized))
     return _respond(_store(generation, key, page))
 
@@ -166,6 +174,46 @@ def _build_on_miss(variant: Variant, project: NormalizedName,
     if files is None:
         files = svc.catalog.files(variant, project)
     onmiss.maybe_build(svc, variant, project, files, request.headers.get("User-Agent", ""))
+
+
+def _hosted(project: NormalizedName) -> bool:
+    """Whether ``project`` is this index's own: it has a recipe here, or was published here
+    in some variant. Only projects that are not are ever routed upstream."""
+    svc = services()
+    return svc.catalog.ever_published(project) or project in recipe_list(svc.config)
+
+
+def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]) -> str:
+    """What a 404 for a hosted project says: where its wheels are, and how to get this one."""
+    base_url = request.host_url.rstrip("/") + request.script_root
+    lines = [f"{project} has no wheel in {variant.key}."]
+    related = [v for v in elsewhere if v.base == variant.base]
+    others = [v for v in elsewhere if v.base != variant.base]
+    if related:
+        lines.append(
+            f"It is built here for {', '.join(v.key for v in related)}: wheels narrowed to "
+            "one GPU architecture are listed only by their own root. Install from the root "
+            "for your GPU, e.g.:")
+        lines.append(f"  uv pip install --index-url {base_url}/{related[0].key}/simple {project}")
+    if others:
+        lines.append(f"Other variants with {project}: {', '.join(v.key for v in others)}.")
+    if not elsewhere:
+        lines.append(f"{project} has a recipe here but no wheel has been built yet.")
+    lines.append(f"This index does not send {project} to the public upstream, since it is "
+                 "hosted here: the upstream would give your installer an sdist to compile.")
+    version = "VERSION"
+    spec = f"--torch {variant.torch} --cuda {variant.cuda}" + "".join(
+        f" --arch sm{a}" for a in variant.archs)
+    if services().redis is not None:
+        query = urlencode([("project", project), ("torch", variant.torch),
+                           ("cuda", variant.cuda), *(("archs", a) for a in variant.archs)])
+        lines.append(f"Request a build: {base_url}{url_for('pages.request_form')}?{query}")
+        lines.append(f"  or: wheelhouse request {project}=={version} {spec} --python 3.X "
+                     f"--server {base_url}")
+    else:
+        lines.append("This server has no build queue; an operator can build it with:")
+        lines.append(f"  wheelhouse build {project}=={version} {spec} --python 3.X")
+    return "\n".join(lines)
 
 
 def _not_hosted(variant: Variant, project: NormalizedName) -> str:

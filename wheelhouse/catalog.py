@@ -227,6 +227,9 @@ class Catalog:
         self._progress = 0.0
         self._confirmed: float | None = None
         self._error: str | None = None
+        # Every project this process has seen published, in any variant; it only grows, so a
+        # project whose records vanish (an emptied bucket) is still known to be hosted here.
+        self._ever: set[NormalizedName] = set()
 
     @property
     def generation(self) -> str:
@@ -316,6 +319,7 @@ class Catalog:
             raise
         finally:
             self._started = None
+        self._ever.update(r.project for r in view.records.values())
         self._view = view
         self._confirmed = time.monotonic()
         if self._error is not None:
@@ -384,6 +388,16 @@ class Catalog:
         """The files an index root lists for a project: O(files of that project)."""
         return _select(self._current().by_base.get(variant.base.key, {}).get(project, []),
                        variant)
+
+    def variants_of(self, project: NormalizedName) -> list[Variant]:
+        """Every index root ``project`` was published into, base and narrowed, any torch."""
+        return sorted({r.variant for ps in self._current().by_base.values()
+                       for r in ps.get(project, ())})
+
+    def ever_published(self, project: NormalizedName) -> bool:
+        """Whether this process has seen ``project`` published here, in any variant."""
+        self._current()
+        return project in self._ever
 
     def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
         r = self._current().by_file.get((base.key, filename))

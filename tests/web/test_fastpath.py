@@ -84,6 +84,27 @@ def test_a_new_publication_is_not_hidden(app: Flask, client: FlaskClient,
     assert _direct(app, path, {}) is None  # new generation: Flask renders again
 
 
+def test_cached_redirects_follow_the_hosting_rule(app: Flask, client: FlaskClient,
+                                                  published: list[Record], tmp_path: Any) -> None:
+    """The fast path answers only what the view cached: a project's upstream redirect is gone
+    with its first publication (any variant), and a hosted project's 404 is never cached."""
+    from tests.helpers import make_wheel
+    from wheelhouse.publish import publish
+    from wheelhouse.variants import parse_variant
+
+    path = f"/{VARIANT}/simple/newext/"
+    assert client.get(path).status_code == 302
+    assert _direct(app, path, {})[0] == "302 FOUND"
+    narrow = parse_variant("torch2.14-cu130-sm80")
+    wheel = make_wheel(tmp_path / "n", "newext", f"1.0+{narrow.local_label}")
+    publish(app.extensions["wheelhouse"].storage, wheel, narrow)
+    assert _direct(app, path, {}) is None
+    for _ in range(2):
+        resp = client.get(path)
+        assert resp.status_code == 404 and "torch2.14-cu130-sm80" in resp.text
+        assert _direct(app, path, {}) is None
+
+
 def test_read_protected_index_always_asks_flask(app_config: Any, published: list[Record]) -> None:
     from web import create_app
 

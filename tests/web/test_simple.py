@@ -91,9 +91,11 @@ def test_narrowed_root_prefers_the_narrow_build(client: FlaskClient,
     names = [f["filename"] for f in data["files"]]
     assert names == ["demo_ext-1.0+cu128torch2.8-cp311-cp311-linux_x86_64.whl",
                      "demo_ext-1.1+cu128torch2.8.sm90-cp311-cp311-linux_x86_64.whl"]
-    # sm100 is in neither build: nothing to list, so the project is routed upstream.
+    # sm100 is in neither build: nothing to list, and a hosted project is never routed
+    # upstream; the 404 says which roots have it.
     resp = client.get(f"/{VARIANT}-sm100/simple/demo-ext/")
-    assert resp.status_code == 302
+    assert resp.status_code == 404
+    assert "It is built here for torch2.8-cu128, torch2.8-cu128-sm90" in resp.text
 
 
 def test_etag_and_304(client: FlaskClient, published: list[Record]) -> None:
@@ -185,3 +187,71 @@ def test_new_publication_shows_up(app_config: Config, client: FlaskClient,
                         headers={"Accept": UV_ACCEPT, "If-None-Match": first.headers["ETag"]})
     assert second.status_code == 200
     assert "1.2+cu128torch2.8" in second.get_json(force=True)["versions"]
+
+
+# -- hosted projects never fall through to the upstream --
+
+
+def _narrow_only(app_config: Config, tmp_path: Path) -> Record:
+    """cudaext built for sm80 alone: its base root lists nothing."""
+    variant = parse_variant("torch2.14-cu130-sm80")
+    wheel = make_wheel(tmp_path / "n", "cudaext", f"0.1.0+{variant.local_label}",
+                       tag="cp311-cp311-linux_x86_64")
+    return publish(open_storage(app_config), wheel, variant)
+
+
+@pytest.mark.parametrize("accept", [UV_ACCEPT, "text/html"])
+def test_a_base_root_never_sends_a_hosted_project_upstream(
+        client: FlaskClient, app_config: Config, tmp_path: Path, accept: str) -> None:
+    _narrow_only(app_config, tmp_path)
+    for _ in range(2):  # the second answer may come from a cache: it must be the same
+        resp = client.get("/torch2.14-cu130/simple/cudaext/", headers={"Accept": accept})
+        assert resp.status_code == 404
+        assert "Location" not in resp.headers
+        text = resp.get_json()["error"] if resp.is_json else resp.text
+        assert "cudaext has no wheel in torch2.14-cu130." in text
+        assert "It is built here for torch2.14-cu130-sm80" in text
+        assert ("uv pip install --index-url http://localhost/torch2.14-cu130-sm80/simple "
+                "cudaext") in text
+        assert "does not send cudaext to the public upstream" in text
+        # Index-only here: how an operator builds it.
+        assert "wheelhouse build cudaext==VERSION --torch 2.14 --cuda 13.0 --python 3.X" in text
+    # Other torch/CUDA variants say where it is too.
+    other = client.get("/torch2.8-cu128/simple/cudaext/", headers={"Accept": UV_ACCEPT})
+    assert other.status_code == 404
+    assert "Other variants with cudaext: torch2.14-cu130-sm80." in other.get_json()["error"]
+    # The narrow root itself lists it; a project we don't host is still routed upstream.
+    assert client.get("/torch2.14-cu130-sm80/simple/cudaext/").status_code == 200
+    assert client.get("/torch2.14-cu130/simple/einops/").status_code == 302
+
+
+def test_a_recipe_project_without_a_wheel_is_a_404_with_a_request_link(
+        redis_url: str, tmp_path: Path) -> None:
+    from tests.web.buildhelpers import make_app
+
+    client = make_app(redis_url, tmp_path, upstream="https://up.example/simple/").test_client()
+    resp = client.get("/torch2.8-cu128-sm90/simple/flash-attn/", headers={"Accept": UV_ACCEPT})
+    assert resp.status_code == 404
+    text = resp.get_json()["error"]
+    assert "flash-attn has a recipe here but no wheel has been built yet." in text
+    assert ("Request a build: http://localhost/request?project=flash-attn&torch=2.8&cuda=12.8"
+            "&archs=90") in text
+    assert ("wheelhouse request flash-attn==VERSION --torch 2.8 --cuda 12.8 --arch sm90 "
+            "--python 3.X --server http://localhost") in text
+
+
+def test_a_project_whose_records_vanish_stays_hosted(
+        app_config: Config, tmp_path: Path) -> None:
+    """An emptied bucket must not turn the index into a redirect to the public upstream."""
+    from wheelhouse.catalog import RECORDS
+
+    app = create_app(app_config)
+    client = app.test_client()
+    _narrow_only(app_config, tmp_path)
+    assert client.get("/torch2.14-cu130-sm80/simple/cudaext/").status_code == 200
+    storage = open_storage(app_config)
+    for obj in list(storage.list(RECORDS)):
+        storage.delete(obj.key)
+    storage.put_bytes("generation", b"emptied")
+    resp = client.get("/torch2.14-cu130-sm80/simple/cudaext/", headers={"Accept": UV_ACCEPT})
+    assert resp.status_code == 404, resp.headers.get("Location")
