@@ -430,6 +430,34 @@ def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
     assert view["peak_memory_bytes"] == 3 * 1024**3
 
 
+@pytest.mark.parametrize("meta", [
+    {"phase": "compile", "progress": [96, 96]},  # every compile step done: linking
+    {"phase": "check", "progress": [96, 96]},  # packing, loading the extension
+    {"phase": "publish"},  # uploading
+])
+def test_a_running_build_is_finishing_never_done(
+        client: FlaskClient, conn: Redis, meta: dict[str, object]) -> None:
+    job_id = _as_worker(conn, _spec(), JobStatus.STARTED, **meta)
+    view = client.get(f"/api/builds/{job_id}").json
+    assert view["finishing"] is True and view["remaining_seconds"] is None
+    assert view["progress"] is None or view["progress"]["percent"] < 100
+    page = client.get(f"/builds/{job_id}").text
+    estimate = page[page.index('id="estimate"'):page.index("</td>", page.index('id="estimate"'))]
+    assert "finishing (linking, packing, uploading)" in estimate
+    assert "100.0%" not in page and "0 s left" not in page
+
+
+def test_a_nearly_done_build_is_never_zero_seconds_from_the_end(
+        client: FlaskClient, conn: Redis) -> None:
+    job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile",
+                        progress=[9999, 10000])
+    view = client.get(f"/api/builds/{job_id}").json
+    assert view["finishing"] is False
+    assert view["remaining_seconds"] >= 1.0
+    assert view["progress"]["percent"] == 99.0  # 99.99 would print as 100.0
+    assert "0 s left" not in client.get(f"/builds/{job_id}").text
+
+
 def test_build_page_of_a_failure_puts_the_reason_first(client: FlaskClient, conn: Redis) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.FAILED, phase="failed",
                         failure={"kind": "compile-error",

@@ -153,6 +153,24 @@ def test_build_uses_storage_over_the_environment(tmp_path: Path) -> None:
     assert "build failed [" in attempted.stderr and "Traceback" not in attempted.stderr
 
 
+def test_build_takes_any_project_unless_the_allowlist_says_otherwise(tmp_path: Path) -> None:
+    """The CLI agrees with the API and the form: no recipe is needed (the generic one builds
+    it), and WHEELHOUSE_ALLOWED_PROJECTS is the operator's way to restrict what is built."""
+    config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "work"),
+                    upstream="off")
+    argv = ("build", "some-cuda-ext==1.0", "--torch", "2.8", "--cuda", "12.8", "--python",
+            "3.11")
+    attempted = run_console(*argv, config=config)
+    assert attempted.returncode == 1  # it got as far as building (no toolkit or upstream here)
+    assert "building some-cuda-ext 1.0 for Python 3.11" in attempted.stderr
+    assert "build failed [" in attempted.stderr and "recipe" not in attempted.stderr
+    refused = run_console(*argv, config=config.replace(allowed_projects="flash-attn"))
+    assert refused.returncode == 2
+    assert ("'some-cuda-ext' is not built by this server; it builds flash-attn "
+            "(WHEELHOUSE_ALLOWED_PROJECTS)") in refused.stderr
+    assert "Traceback" not in refused.stderr and "building" not in refused.stderr
+
+
 def test_bad_setting_in_the_environment_is_one_line(tmp_path: Path) -> None:
     done = run_console("gc", env={"WHEELHOUSE_PAGE_MAX_AGE": "soon"}, cwd=tmp_path)
     assert done.returncode == 1

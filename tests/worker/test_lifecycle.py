@@ -1,5 +1,7 @@
-"""A real ``wheelhouse worker`` against jobs planted in Redis by hand, as someone holding the
-Redis password could: it runs build requests only, and nothing else a job names is imported."""
+"""A real ``wheelhouse worker`` as an operator meets it: against jobs planted in Redis by hand,
+as someone holding the Redis password could (it runs build requests only, and nothing else a
+job names is imported), and started by its path with a minimal ``PATH``, as a unit file starts
+it (what it logs when a build fails)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import pickle
 import subprocess
 import textwrap
+import time
 import zlib
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,12 +18,22 @@ from typing import Any, ClassVar
 import pytest
 from redis import Redis
 
-from tests.helpers import QuietHandler, fake_cuda_toolkit, plant_job, run_worker, serve_http
+from tests.helpers import (
+    MINIMAL_PATH,
+    QuietHandler,
+    fake_cuda_toolkit,
+    plant_job,
+    run_worker,
+    serve_http,
+)
+from tests.worker.conftest import CUDAEXT, make_sdist
 from wheelhouse import queue as q
 from wheelhouse.buildjob import JOB_FUNCTION
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import FailureKind
+from wheelhouse.fleet import live_workers
+from wheelhouse.queue import BuildState, enqueue_build, get_build
 
 CANARY = textwrap.dedent("""\
     # Importing this module, or calling hook(), leaves a file behind: proof that it ran.
@@ -112,3 +125,50 @@ def test_planted_jobs_run_nothing_they_name(redis_url: str, tmp_path: Path) -> N
 
     assert sorted(p.name for p in marker_dir.iterdir()) == [], text[-3000:]
     assert _Hooks.hits == []
+
+
+def _wait(check: object, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.25)
+
+
+def test_an_unverified_sdist_fails_in_one_line(redis_url: str, tmp_path: Path) -> None:
+    """An upstream that publishes no sha256 (a PEP 503 link without ``#sha256=``): the build
+    fails as ``unverified-source``, and the worker logs one line, not a traceback."""
+    sdist = make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
+
+    class NoHashes(QuietHandler):
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") == "/simple/cudaext":
+                link = f'<a href="/files/{sdist.name}">{sdist.name}</a>'
+                self.send_body(f"<html><body>{link}</body></html>".encode(), "text/html")
+            elif self.path == f"/files/{sdist.name}":
+                self.send_body(sdist.read_bytes(), "application/gzip")
+            else:
+                self.send_error(404)
+
+    conn = Redis.from_url(redis_url)
+    spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.8", cuda="12.8")
+    log = tmp_path / "worker.log"
+    with serve_http(NoHashes) as upstream:
+        config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "work"),
+                        redis_url=redis_url, upstream=f"{upstream}/simple/",
+                        worker_heartbeat_seconds=1)
+        env = {"PATH": MINIMAL_PATH,
+               "CUDA_HOME": str(fake_cuda_toolkit(tmp_path / "cuda-12.8", "12.8"))}
+        with run_worker(config, "nohash", log, "--cuda", "12.8", extra_env=env):
+            _wait(lambda: live_workers(conn), "the worker never advertised itself")
+            job_id = enqueue_build(conn, spec).job_id
+            _wait(lambda: (s := get_build(conn, job_id)) is not None and s.finished,
+                  "the build never ended")
+    status = get_build(conn, job_id)
+    assert status is not None and status.state is BuildState.FAILED
+    assert status.failure_kind is FailureKind.UNVERIFIED_SOURCE, status.reason
+    assert status.reason == (
+        "the upstream index publishes no sha256 for cudaext-0.1.0.tar.gz; wheelhouse builds "
+        "only source it can verify (WHEELHOUSE_UPSTREAM)")
+    text = log.read_text()
+    assert f"build {job_id} failed [unverified-source]: the upstream index publishes" in text
+    assert "Traceback" not in text
