@@ -1,10 +1,17 @@
-"""The front page: the variants, a copyable install command for each, and the URL snippet."""
+"""The front page: the variants, a copyable install command for each project in each, the URL
+snippet, and this version's README."""
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template, request
+from importlib.metadata import PackageNotFoundError, metadata
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, Response, render_template, request
+from werkzeug.exceptions import NotFound
 
 from web.services import services
+from wheelhouse.variants import parse_variant
 
 bp = Blueprint("home", __name__)
 
@@ -14,19 +21,55 @@ SNIPPET = (
     "print('{base}/torch%s.%s-cu%s/simple' % (v[0], v[1], (torch.version.cuda or '')"
     ".replace('.', '')))\""
 )
+#: The variant the page's examples use when nothing is published yet.
+EXAMPLE_VARIANT = "torch2.8-cu128"
+
+
+def install_command(index_url: str, project: str) -> str:
+    return f"uv pip install --index-url {index_url} {project}"
 
 
 @bp.get("/")
 def index() -> str:
     base = request.host_url.rstrip("/") + request.script_root
     catalog = services().catalog
-    rows = []
+    rows: list[dict[str, Any]] = []
     for variant in catalog.variants():
+        url = f"{base}/{variant.key}/simple"
         projects = catalog.projects(variant)
+        # Wheels narrowed to some GPU architectures are not in their base root: a user who
+        # takes the base root (the snippet prints it) must learn where they are.
+        in_base = set(catalog.projects(variant.base)) if variant.archs else set(projects)
         rows.append({
-            "variant": variant,
-            "url": f"{base}/{variant.key}/simple",
-            "projects": projects,
+            "variant": variant, "url": url,
+            "commands": [(p, install_command(url, p)) for p in projects],
+            "narrow_only": [p for p in projects if p not in in_base],
         })
-    return render_template("home.html", rows=rows, snippet=SNIPPET.format(base=base),
-                           base=base)
+    example_url = f"{base}/{EXAMPLE_VARIANT}/simple"
+    return render_template(
+        "home.html", rows=rows, snippet=SNIPPET.format(base=base), base=base,
+        example_variant=parse_variant(EXAMPLE_VARIANT),
+        example=install_command(rows[0]["url"] if rows else example_url,
+                                rows[0]["commands"][0][0] if rows else "PROJECT"),
+        narrowed=[r for r in rows if r["narrow_only"]])
+
+
+#: The README beside the packages, in a clone or an editable install.
+_SOURCE_README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@bp.get("/readme")
+def readme() -> Response:
+    """This version's README as plain text: the pages link to its sections. It travels with
+    every install as the distribution's description; a clone's own file wins (it is newer
+    than what an editable install recorded)."""
+    if _SOURCE_README.is_file():
+        text: object = _SOURCE_README.read_text(encoding="utf-8")
+    else:
+        try:
+            text = metadata("wheelhouse").get_payload()  # type: ignore[attr-defined]
+        except PackageNotFoundError:
+            text = None
+    if not text:
+        raise NotFound("this installation carries no README")
+    return Response(str(text), mimetype="text/plain")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from flask import (
     Blueprint,
@@ -45,6 +45,23 @@ def _login_redirect() -> BaseResponse:
     return redirect(url_for("pages.login", next=request.full_path.rstrip("?")))
 
 
+#: Where the README explains what builds need (served by ``home.readme``).
+BUILDS_SECTION = "Building wheels"
+
+
+@bp.app_context_processor
+def _build_queue() -> dict[str, Any]:
+    """Whether this server has a build queue: without one, nobody can sign in or request."""
+    return {"build_queue": services().redis is not None}
+
+
+def _no_build_queue() -> tuple[str, int]:
+    """What ``/request`` and ``/login`` answer in index-only mode: builds need Redis and a
+    worker, and how to get them (a sign-in form could never succeed here)."""
+    readme = url_for("home.readme") + "#:~:text=" + quote(BUILDS_SECTION)
+    return render_template("no_queue.html", readme=readme, section=BUILDS_SECTION), 503
+
+
 # -- sign-in --
 
 
@@ -52,6 +69,8 @@ def _login_redirect() -> BaseResponse:
 def login() -> BaseResponse | tuple[str, int] | str:
     error = None
     nxt = _safe_next(request.values.get("next"))
+    if services().tokens is None and request.method == "GET":
+        return _no_build_queue()
     if request.method == "POST":
         auth.check_csrf()
         tokens = services().tokens
@@ -127,7 +146,9 @@ def _valid_name(project: str) -> bool:
 
 
 @bp.get("/request")
-def request_form() -> BaseResponse | str:
+def request_form() -> BaseResponse | tuple[str, int] | str:
+    if services().redis is None:
+        return _no_build_queue()
     info = auth.current_token()
     if info is None:
         return _login_redirect()

@@ -6,20 +6,26 @@ Screenshots of every page go to ``<artifacts>/browser/``.
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from redis import Redis
 
-from tests.helpers import run_worker, start_index
+from tests.helpers import clean_env, make_venv, make_wheel, run_worker, start_index
 from tests.web.buildhelpers import advertise_worker
 from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS
 from wheelhouse.config import Config
 from wheelhouse.fleet import live_workers
+from wheelhouse.publish import publish
+from wheelhouse.storage import open_storage
 from wheelhouse.tokens import create_token
+from wheelhouse.variants import parse_variant
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
@@ -192,3 +198,108 @@ def test_watch_a_real_worker_build(
         page.goto(url + "/")
         page.screenshot(path=str(shots / "14-home.png"), full_page=True)
         assert build_url.startswith(url)
+
+
+def test_the_front_page_command_installs_the_wheel_it_lists(
+        browser: Any, tmp_path: Path, shots: Path) -> None:
+    """Index-only, as a new user starts: the command shown is there before anything is
+    published; a wheel built for one GPU architecture gets its own root's command, which the
+    copy button copies and which installs it; the base root says where it is (never the
+    upstream: nothing listens there); "Request a build" explains what builds need."""
+    config = Config(storage=str(tmp_path / "data"), upstream="http://127.0.0.1:9/simple/",
+                    upstream_rules="", catalog_refresh_seconds=0.2)
+    with start_index(config, tmp_path) as url:
+        context = browser.new_context(viewport={"width": 1200, "height": 900},
+                                      permissions=["clipboard-read", "clipboard-write"])
+        page = context.new_page()
+        page.goto(url + "/")
+        assert page.inner_text("#install-example") == (
+            f"uv pip install --index-url {url}/torch2.8-cu128/simple PROJECT")
+        assert "Nothing is published yet" in page.inner_text("#empty")
+        page.screenshot(path=str(shots / "20-home-empty.png"), full_page=True)
+
+        narrow = parse_variant("torch2.14-cu130-sm80")
+        wheel = make_wheel(tmp_path / "w", "narrow-ext", f"1.0+{narrow.local_label}",
+                           module_body="VALUE = 80\n")
+        publish(open_storage(config), wheel, narrow)
+        command = page.locator(f"tr[data-variant='{narrow.key}'] "
+                               ".command[data-project='narrow-ext'] code")
+        deadline = time.monotonic() + 30
+        while command.count() == 0:
+            assert time.monotonic() < deadline, "the front page never listed the wheel"
+            time.sleep(0.3)
+            page.reload()
+        assert "narrow-ext" in page.inner_text("#narrowed")
+        page.screenshot(path=str(shots / "21-home-narrow.png"), full_page=True)
+        button = command.locator("xpath=following-sibling::button[1]")
+        button.click()
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert copied == command.inner_text() == (
+            f"uv pip install --index-url {url}/{narrow.key}/simple narrow-ext")
+        assert button.inner_text() == "Copied"
+
+        python = make_venv(tmp_path / "target")
+        env = clean_env(VIRTUAL_ENV=str(python.parent.parent),
+                        UV_CACHE_DIR=str(tmp_path / "uv-cache"))
+        done = subprocess.run(shlex.split(copied), env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        got = subprocess.run([str(python), "-c", "import narrow_ext; print(narrow_ext.VALUE)"],
+                             capture_output=True, text=True, check=True).stdout
+        assert got.strip() == "80"
+        base = requests.get(f"{url}/{narrow.base.key}/simple/narrow-ext/",
+                            allow_redirects=False, timeout=10)
+        assert base.status_code == 404
+        assert f"It is built here for {narrow.key}" in base.text
+
+        # Without JavaScript the commands are all there, as selectable text.
+        plain = browser.new_page(java_script_enabled=False)
+        plain.goto(url + "/")
+        assert plain.locator("button.copy").count() == 0
+        assert plain.inner_text(f"tr[data-variant='{narrow.key}'] code") == copied
+
+        # Index-only: "Request a build" explains, and links the README's section.
+        page.click("header >> text=Request a build")
+        page.wait_for_selector("#no-queue")
+        assert "Builds need a build queue (Redis) and a build worker" in " ".join(
+            page.inner_text("#no-queue").split())
+        assert page.locator("header >> text=Sign in").count() == 0
+        page.screenshot(path=str(shots / "22-index-only-request.png"), full_page=True)
+        page.click("#readme-link")
+        page.wait_for_url(f"{url}/readme*")
+        assert "## Building wheels" in page.inner_text("body")
+
+
+def test_a_build_past_its_last_compile_step_is_finishing(
+        browser: Any, redis_url: str, tmp_path: Path, shots: Path) -> None:
+    """The live page never says "about 0 s left" or "100%" before the end: it follows the
+    worker's progress without a reload and says "finishing" once every compile step is done."""
+    from rq.job import Job
+
+    from wheelhouse.buildspec import BuildSpec
+    from wheelhouse.queue import enqueue_build
+
+    conn = Redis.from_url(redis_url)
+    spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.8", cuda="12.8")
+    job_id = enqueue_build(conn, spec, require_worker=False).job_id
+    job = Job.fetch(job_id, connection=conn)
+    job.meta.update(phase="compile", progress=[3, 10])
+    job.save_meta()
+    job.started_at = job.enqueued_at
+    job.save()
+    job.set_status("started")
+    config = _config(tmp_path, redis_url, "off")
+    with start_index(config, tmp_path) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(f"{url}/builds/{job_id}")
+        page.evaluate("window.__sameDocument = true")
+        assert page.inner_text("#progress-text").startswith("[3/10] 30")
+        assert page.inner_text("#estimate").startswith("about ")
+        job.meta.update(progress=[10, 10])
+        job.save_meta()
+        page.wait_for_function(
+            "document.getElementById('estimate').textContent.startsWith('finishing')")
+        assert page.inner_text("#estimate") == "finishing (linking, packing, uploading)"
+        assert page.inner_text("#progress-text") == "[10/10] finishing"
+        assert "100" not in page.inner_text("#progress-text")
+        assert page.evaluate("window.__sameDocument === true"), "the page reloaded"
+        page.screenshot(path=str(shots / "23-build-finishing.png"), full_page=True)

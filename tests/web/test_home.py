@@ -1,0 +1,79 @@
+"""The front page and what index-only mode says about builds, rendered from real storage."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from flask.testing import FlaskClient
+from redis import Redis
+
+from tests.helpers import make_wheel
+from tests.web.buildhelpers import make_app
+from web import create_app
+from wheelhouse.config import Config
+from wheelhouse.publish import publish
+from wheelhouse.storage import open_storage
+from wheelhouse.variants import parse_variant
+
+
+def _index_only(tmp_path: Path) -> tuple[Config, FlaskClient]:
+    config = Config(storage=str(tmp_path / "data"), catalog_refresh_seconds=0.0,
+                    upstream="off")
+    app = create_app(config)
+    app.testing = True
+    return config, app.test_client()
+
+
+def test_an_empty_index_still_shows_the_install_command(tmp_path: Path) -> None:
+    _, client = _index_only(tmp_path)
+    page = html.unescape(client.get("/").text)
+    assert ("uv pip install --index-url http://localhost/torch2.8-cu128/simple PROJECT"
+            in page)
+    assert "Nothing is published yet" in page
+    assert "wheelhouse publish FILE.whl --variant torch2.8-cu128 --relabel" in page
+    # Index-only: building is explained, not offered through a sign-in that can't succeed.
+    assert "wheelhouse build PROJECT==VERSION" in page
+    assert ">Sign in<" not in page
+
+
+def test_every_listed_wheel_has_the_command_of_the_root_that_lists_it(tmp_path: Path) -> None:
+    config, client = _index_only(tmp_path)
+    storage = open_storage(config)
+    base, sm80 = parse_variant("torch2.14-cu130"), parse_variant("torch2.14-cu130-sm80")
+    publish(storage, make_wheel(tmp_path / "w", "fat-ext", f"1.0+{base.local_label}"), base,
+            archs=("80", "90"))
+    publish(storage, make_wheel(tmp_path / "w", "narrow-ext", f"1.0+{sm80.local_label}"), sm80)
+    page = html.unescape(client.get("/").text)
+    assert ("uv pip install --index-url http://localhost/torch2.14-cu130/simple fat-ext"
+            in page)
+    assert ("uv pip install --index-url http://localhost/torch2.14-cu130-sm80/simple "
+            "narrow-ext") in page
+    # The base root does not list the narrow build, and the page says so.
+    assert "http://localhost/torch2.14-cu130/simple narrow-ext" not in page
+    narrowed = page[page.index('id="narrowed"'):page.index('id="variants"')]
+    assert "narrow-ext" in narrowed and "torch2.14-cu130-sm80" in narrowed
+    assert "only here: built for sm80 alone, not listed by torch2.14-cu130" in page
+    # Commands are plain selectable text: a copy button is added by script, never required.
+    assert page.count('class="install copyable"') == 4  # the example, fat-ext twice, narrow-ext
+
+
+def test_index_only_request_and_sign_in_explain_what_builds_need(tmp_path: Path) -> None:
+    _, client = _index_only(tmp_path)
+    for path in ("/request", "/login"):
+        resp = client.get(path)
+        assert resp.status_code == 503
+        text = " ".join(html.unescape(resp.text).split())
+        assert "Builds need a build queue (Redis) and a build worker" in text
+        assert "wheelhouse serve --with-worker" in text
+        assert 'href="/readme#:~:text=Building%20wheels"' in text
+    readme = client.get("/readme")
+    assert readme.status_code == 200 and readme.mimetype == "text/plain"
+    assert "\n## Building wheels" in readme.text
+
+
+def test_with_a_build_queue_sign_in_is_offered(redis_url: str, tmp_path: Path,
+                                               conn: Redis) -> None:
+    client = make_app(redis_url, tmp_path).test_client()
+    assert ">Sign in<" in client.get("/").text
+    assert client.get("/login").status_code == 200
