@@ -303,3 +303,49 @@ def test_a_build_past_its_last_compile_step_is_finishing(
         assert "100" not in page.inner_text("#progress-text")
         assert page.evaluate("window.__sameDocument === true"), "the page reloaded"
         page.screenshot(path=str(shots / "23-build-finishing.png"), full_page=True)
+
+
+def test_an_html_only_upstream_and_stable_abi_wheels(
+        browser: Any, redis_url: str, tmp_path: Path, shots: Path) -> None:
+    """The request form lists the versions of an upstream that serves PEP 503 HTML only, and
+    the matrix shows abi3 and py3-none-any wheels in every Python column they install into."""
+    from tests.helpers import QuietHandler, serve_http
+    from wheelhouse.buildspec import KNOWN_PYTHONS
+
+    class HtmlOnly(QuietHandler):
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") != "/simple/cudaext":
+                self.send_error(404)
+                return
+            links = "".join(f'<a href="/files/cudaext-{v}.tar.gz#sha256={"0" * 64}">'
+                            f"cudaext-{v}.tar.gz</a><br>" for v in ("0.1.0", "0.2.0"))
+            self.send_body(f"<html><body>{links}</body></html>".encode(), "text/html")
+
+    conn = Redis.from_url(redis_url)
+    advertise_worker(conn, cuda="12.8", ttl=600)
+    token = create_token(conn, "browser")
+    variant = parse_variant("torch2.8-cu128")
+    with serve_http(HtmlOnly) as upstream:
+        config = _config(tmp_path, redis_url, f"{upstream}/simple/")
+        storage = open_storage(config)
+        for project, tag in (("abi-ext", "cp39-abi3-linux_x86_64"), ("pure-ext", "py3-none-any")):
+            wheel = make_wheel(tmp_path / "w", project, f"1.0+{variant.local_label}", tag=tag)
+            publish(storage, wheel, variant)
+        with start_index(config, tmp_path) as url:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            _sign_in(page, url, token, shots)
+            assert page.input_value("#project") == "cudaext"
+            options = page.eval_on_selector_all("#version-list option",
+                                                "os => os.map(o => o.value)")
+            assert options == ["0.2.0", "0.1.0"]
+            assert "2 versions on the upstream index" in page.inner_text("#version-help")
+            page.screenshot(path=str(shots / "24-request-html-upstream.png"), full_page=True)
+
+            page.goto(f"{url}/matrix")
+            for project in ("abi-ext", "pure-ext"):
+                cells = page.locator(f"#project-{project} td.cell[data-variant='{variant.key}']")
+                states = {cells.nth(i).get_attribute("data-python"):
+                          cells.nth(i).get_attribute("data-state") for i in range(cells.count())}
+                assert set(states) == set(KNOWN_PYTHONS), states  # cp39-abi3: 3.9 on
+                assert set(states.values()) == {"built"}, (project, states)
+            page.screenshot(path=str(shots / "25-matrix-stable-abi.png"), full_page=True)
