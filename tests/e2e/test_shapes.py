@@ -92,7 +92,7 @@ def _install_and_import(url: str, tmp_path: Path) -> str:
     subprocess.run([uv, "pip", "install", "--python", str(python), "--index-url",
                     f"{url}/{ROOT}/simple", "--no-deps", "cudaext"], env=env, check=True)
     home = requests.get(f"{url}/", timeout=10).text
-    snippet = html.unescape(re.search(r'<pre id="snippet">(.*?)</pre>', home, re.S)[1])  # type: ignore[index]
+    snippet = html.unescape(re.search(r'id="snippet">(.*?)</code>', home, re.S)[1])  # type: ignore[index]
     argv = shlex.split(snippet)
     assert argv[0] == "python"
     printed = subprocess.run([str(python), *argv[1:]], capture_output=True, text=True,
