@@ -6,6 +6,7 @@ import hashlib
 import html
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,8 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import QuietHandler, free_port, make_wheel, serve_http, wait_for_port
-from tests.worker.conftest import CUDAEXT, make_sdist
+from tests.helpers import (
+    QuietHandler,
+    clean_env,
+    free_port,
+    make_venv,
+    make_wheel,
+    serve_http,
+    wait_for_port,
+)
+from tests.worker.conftest import CUDAEXT, TORCH_FIND_LINKS, make_sdist
 
 
 @pytest.fixture
@@ -79,3 +88,31 @@ def cudaext_upstream(tmp_path: Path) -> Iterator[str]:
     sdist = make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
     with serve_http(_upstream_handler(sdist)) as url:
         yield f"{url}/simple/"
+
+
+@pytest.fixture(scope="session")
+def torch_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torch 2.14.1 (CUDA 13.0) installed once per test run, by uv, into a venv of its own;
+    the site-packages directory that holds it. Tests never install into it: see
+    :func:`venv_with_torch`."""
+    venv = tmp_path_factory.mktemp("torch-env") / "venv"
+    python = make_venv(venv)
+    uv = shutil.which("uv") or "uv"
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(python), "--index-url",
+                    "https://pypi.org/simple", "--find-links", TORCH_FIND_LINKS,
+                    "torch==2.14.1"], env=clean_env(), check=True)
+    return _site_packages(python)
+
+
+def _site_packages(python: Path) -> Path:
+    code = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def venv_with_torch(path: Path, torch_site: Path) -> Path:
+    """A fresh venv (its python) that sees the shared torch through a ``.pth`` file: what the
+    test installs goes into the venv itself, and the torch installation is never changed."""
+    python = make_venv(path)
+    (_site_packages(python) / "wheelhouse_tests_torch.pth").write_text(f"{torch_site}\n")
+    return python

@@ -3,10 +3,10 @@
 The fixture extension is enqueued, a real ``wheelhouse worker`` subprocess builds it against
 torch 2.14.1 (CUDA 13.0) with real nvcc and ninja, publishes it to a moto S3 server, and
 ``uv pip install --index-url`` installs it from a running index into a fresh venv, where it
-imports. The fresh venv gets torch first (from the local torch wheels plus PyPI for torch's own
-dependencies) and then ``cudaext`` with ``--no-deps`` from the index alone: routing torch through
-the index's upstream would make uv fetch 3 GB from download.pytorch.org, and the point here is
-that *our* wheel installs from *our* index.
+imports. The fresh venv sees torch installed once per test run (from the local torch wheels plus
+PyPI for torch's own dependencies) and gets ``cudaext`` with ``--no-deps`` from the index alone:
+routing torch through the index's upstream would make uv fetch 3 GB from download.pytorch.org,
+and the point here is that *our* wheel installs from *our* index.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ import psutil
 import pytest
 import redis
 
-from tests.helpers import clean_env, config_env, make_venv, start_index
-from tests.worker.conftest import CUDAEXT, TORCH_FIND_LINKS, build_config, make_sdist
+from tests.e2e.conftest import venv_with_torch
+from tests.helpers import clean_env, config_env, start_index
+from tests.worker.conftest import CUDAEXT, build_config, make_sdist
 from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
@@ -103,7 +104,8 @@ def _stop_worker(proc: subprocess.Popen[bytes], conn: redis.Redis) -> None:
 
 
 def test_enqueue_build_publish_install_import(
-    fleet_config: Config, worker: subprocess.Popen[bytes], cudaext_sdist: Path, tmp_path: Path
+    fleet_config: Config, worker: subprocess.Popen[bytes], cudaext_sdist: Path, tmp_path: Path,
+    torch_site: Path,
 ) -> None:
     conn = redis.Redis.from_url(fleet_config.redis_url or "")
     [ad] = live_workers(conn)
@@ -167,12 +169,9 @@ def test_enqueue_build_publish_install_import(
         root = f"{url}/torch2.14-cu130-sm80/simple"
         with urllib.request.urlopen(f"{root}/cudaext/") as resp:
             assert SPEC.expected_wheel_name in resp.read().decode()
-        python = make_venv(tmp_path / "fresh")
+        python = venv_with_torch(tmp_path / "fresh", torch_site)
         uv = shutil.which("uv") or "uv"
         env = clean_env()
-        subprocess.run([uv, "pip", "install", "-q", "--python", str(python),
-                        "--index-url", "https://pypi.org/simple", "--find-links", TORCH_FIND_LINKS,
-                        "torch==2.14.1"], env=env, check=True)
         subprocess.run([uv, "pip", "install", "--python", str(python), "--index-url", root,
                         "--no-deps", "cudaext"], env=env, check=True)
     out = subprocess.run(

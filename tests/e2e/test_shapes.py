@@ -27,13 +27,13 @@ import pytest
 import redis
 import requests
 
+from tests.e2e.conftest import venv_with_torch
 from tests.helpers import (
     build_job,
     clean_env,
     config_env,
     fake_cuda_toolkit,
     free_port,
-    make_venv,
     run_worker,
     start_index,
     wait_for_port,
@@ -80,15 +80,12 @@ def _wait_built(url: str, build_id: str, headers: dict[str, str],
         time.sleep(1)
 
 
-def _install_and_import(url: str, tmp_path: Path) -> str:
-    """Install torch and our wheel into a fresh venv; return the installed version, after
+def _install_and_import(url: str, tmp_path: Path, torch_site: Path) -> str:
+    """Install our wheel into a fresh venv that sees torch; return the installed version, after
     checking that the front page's snippet prints this index's URL for that torch."""
-    python = make_venv(tmp_path / "fresh")
+    python = venv_with_torch(tmp_path / "fresh", torch_site)
     env = clean_env(UV_CACHE_DIR=str(tmp_path / "uv-cache"))
     uv = shutil.which("uv") or "uv"
-    subprocess.run([uv, "pip", "install", "-q", "--python", str(python), "--index-url",
-                    "https://pypi.org/simple", "--find-links", TORCH_FIND_LINKS,
-                    "torch==2.14.1"], env=env, check=True)
     subprocess.run([uv, "pip", "install", "--python", str(python), "--index-url",
                     f"{url}/{ROOT}/simple", "--no-deps", "cudaext"], env=env, check=True)
     home = requests.get(f"{url}/", timeout=10).text
@@ -104,7 +101,7 @@ def _install_and_import(url: str, tmp_path: Path) -> str:
         capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout.strip()
 
 
-def test_single_box(tmp_path: Path, cudaext_upstream: str) -> None:
+def test_single_box(tmp_path: Path, cudaext_upstream: str, torch_site: Path) -> None:
     config = _config(tmp_path, cudaext_upstream)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -136,7 +133,7 @@ def test_single_box(tmp_path: Path, cudaext_upstream: str) -> None:
         [build] = resp.json()["builds"]
         status = _wait_built(url, build["id"], headers)
         assert status["state"] == "built", (status, log.read_text()[-3000:])
-        assert _install_and_import(url, tmp_path) == "0.1.0+cu130torch2.14.sm80"
+        assert _install_and_import(url, tmp_path, torch_site) == "0.1.0+cu130torch2.14.sm80"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(serve.pid, signal.SIGTERM)
@@ -151,7 +148,7 @@ def test_single_box(tmp_path: Path, cudaext_upstream: str) -> None:
 
 
 def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
-               s3_config: Config) -> None:
+               s3_config: Config, torch_site: Path) -> None:
     config = _config(tmp_path, cudaext_upstream, redis_url=redis_url,
                      storage=s3_config.storage, s3_endpoint_url=s3_config.s3_endpoint_url)
     conn = redis.Redis.from_url(redis_url)
@@ -194,4 +191,4 @@ def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
         assert 'wheelhouse_queue_depth{queue="build-cu130-x86_64"} 0.0' in metrics
         page = requests.get(f"{url}/{ROOT}/simple/cudaext/", timeout=10)
         assert WHEEL in page.text
-        assert _install_and_import(url, tmp_path) == "0.1.0+cu130torch2.14.sm80"
+        assert _install_and_import(url, tmp_path, torch_site) == "0.1.0+cu130torch2.14.sm80"

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.worker.conftest import CUDAEXT, build_config, make_sdist
+from tests.helpers import run_console
+from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvcc
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Catalog
+from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.maxjobs import learned_per_thread
 from wheelhouse.storage import open_storage
-from worker.build import Reporter, log_key, run_build
+from worker.build import log_key, run_build
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -23,77 +26,84 @@ SPEC = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="1
                         archs=["sm80"])
 
 
-class Recorder(Reporter):
-    def __init__(self) -> None:
-        self.phases: list[str] = []
-        self.progress_seen: list[tuple[int, int]] = []
-        self.log: list[str] = []
-        self.notes: dict[str, Any] = {}
-
-    def phase(self, name: str) -> None:
-        self.phases.append(name)
-
-    def progress(self, done: int, total: int) -> None:
-        self.progress_seen.append((done, total))
-
-    def lines(self, lines: list[str]) -> None:
-        self.log.extend(lines)
-
-    def note(self, **fields: Any) -> None:
-        self.notes.update(fields)
+@dataclass(frozen=True)
+class Built:
+    config: Config
+    done: subprocess.CompletedProcess[str]
+    sdist: Path
+    workdir: Path
 
 
-def test_fixture_extension_builds_checks_and_publishes(
-    tmp_path: Path, cudaext_sdist: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Secrets in the worker's environment must not reach setup.py.
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak")
-    monkeypatch.setenv("WHEELHOUSE_REDIS_URL", "redis://secret@127.0.0.1/0")
-    monkeypatch.setenv("GITHUB_TOKEN", "ghp_do_not_leak")
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "5.0")
-    config = build_config(tmp_path)
-    storage = open_storage(config)
-    reporter = Recorder()
+#: Credentials and switches in the worker's environment that must not reach setup.py.
+SECRETS = {"AWS_SECRET_ACCESS_KEY": "do-not-leak", "GITHUB_TOKEN": "ghp_do_not_leak",
+           "WHEELHOUSE_REDIS_URL": "redis://secret@127.0.0.1/0", "TORCH_CUDA_ARCH_LIST": "5.0"}
 
-    result = run_build(SPEC, config=config, storage=storage, reporter=reporter,
-                       source=cudaext_sdist, timeout=900, keep_workspace=True)
 
-    record = result.record
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """One real build of the fixture extension, shared by this module's tests: ``wheelhouse
+    build`` run by its path with a minimal ``PATH``, as a unit file runs it, so uv must be
+    found through its package and nvcc through the toolkit's directory."""
+    require_nvcc()
+    tmp = tmp_path_factory.mktemp("built")
+    sdist = make_sdist(CUDAEXT, tmp / "sdist", "cudaext", "0.1.0")
+    config = build_config(tmp)
+    done = run_console("build", str(sdist), "--torch", "2.14", "--cuda", "13.0", "--python",
+                       "3.11", "--arch", "sm80", "--timeout", "900", "--keep-workspace",
+                       config=config, env=SECRETS, cwd=tmp, timeout=1200)
+    return Built(config, done, sdist, tmp / "work")
+
+
+def test_the_console_script_builds_with_a_minimal_path(built: Built) -> None:
+    out = built.done
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"published {SPEC.expected_wheel_name} to torch2.14-cu130-sm80" in out.stdout
+    phases = [line.removeprefix("==> ") for line in out.stderr.splitlines()
+              if line.startswith("==> ")]
+    assert phases == ["toolkit", "fetch", "venv", "compile", "check", "publish"]
+    bars = [line for line in out.stderr.splitlines() if line.startswith("[#")]
+    done, total = bars[-1].split()[1].split("/")
+    assert done == total and int(total) >= 2 and bars[-1].endswith("100%")
+    assert "MAX_JOBS=" in out.stderr
+
+
+def test_the_record_says_what_the_build_measured(built: Built) -> None:
+    storage = open_storage(built.config)
+    catalog = Catalog(storage, 0)
+    [record] = catalog.files(SPEC.variant, SPEC.project)
     assert record.filename == SPEC.expected_wheel_name
     assert record.variant.key == "torch2.14-cu130-sm80" and record.archs == ("80",)
-    assert reporter.phases == ["toolkit", "fetch", "venv", "compile", "check", "publish"]
-    done, total = reporter.progress_seen[-1]
-    assert done == total >= 2
     build = record.build
     assert build.max_jobs is not None
     assert build.max_jobs.jobs >= 1 and build.max_jobs.reason.startswith("MAX_JOBS=")
-    assert reporter.notes["max_jobs_reason"] == build.max_jobs.reason
+    assert build.max_jobs.reason in built.done.stderr
     assert build.torch is not None and build.torch.startswith("2.14.")
     assert build.toolkit is not None and build.toolkit.startswith("V13.0")
     assert build.peak_job_bytes is not None and build.peak_job_bytes > 0
+    assert build.peak_tree_bytes is not None and build.peak_tree_bytes > 0
     assert learned_per_thread(storage, "cudaext", "13.0") is not None  # feeds the next MAX_JOBS
 
-    # The index lists it, under the narrowed variant.
-    catalog = Catalog(storage)
-    catalog.refresh()
-    files = catalog.files(SPEC.variant, SPEC.project)
-    assert [r.filename for r in files] == [SPEC.expected_wheel_name]
 
-    # The log went to storage beside the record, with the probe compile first.
-    log = storage.get_bytes(log_key(SPEC)).decode()
+def test_the_log_is_stored_with_the_probe_first_and_no_secret(built: Built) -> None:
+    log = open_storage(built.config).get_bytes(log_key(SPEC)).decode()
     assert log.index("wheelhouse: probe: compiling") < log.index("[1/")
     assert "import check passed: cudaext._C" in log
     assert "do-not-leak" not in log and "ghp_" not in log
 
-    # What setup.py saw: the recipe's settings, no credentials, no worker configuration.
-    [env_file] = (tmp_path / "work").glob("*/src/cudaext-0.1.0/build-env.json")
-    names = set(json.loads(env_file.read_text()))
+
+def test_setup_py_sees_the_recipe_and_no_credentials(built: Built) -> None:
+    [env_file] = built.workdir.glob("*/src/cudaext-0.1.0/build-env.json")
+    names = set(json.loads(env_file.read_text()))  # what setup.py saw, by name
     assert {"MAX_JOBS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "WHEELHOUSE_BUILD_ID"} <= names
     assert not {"AWS_SECRET_ACCESS_KEY", "WHEELHOUSE_REDIS_URL", "GITHUB_TOKEN"} & names
     assert not [n for n in names if n.startswith("WHEELHOUSE_") and n != "WHEELHOUSE_BUILD_ID"]
 
-    # A second request for the same wheel publishes nothing new.
-    again = run_build(SPEC, config=config, storage=storage, source=cudaext_sdist, timeout=60)
+
+def test_a_second_request_publishes_nothing_new(built: Built) -> None:
+    storage = open_storage(built.config)
+    [record] = Catalog(storage, 0).files(SPEC.variant, SPEC.project)
+    again = run_build(SPEC, config=built.config, storage=storage, source=built.sdist,
+                      timeout=60)
     assert again.already_published and again.record.sha256 == record.sha256
 
 
@@ -140,30 +150,3 @@ def test_wheelhouse_build_exits_non_zero_with_the_reason(tmp_path: Path) -> None
     assert out.stderr.strip().splitlines()[-1].startswith(
         "Error: build failed [compile-error]: add.cu(1): error:")
     assert "Traceback" not in out.stderr
-
-
-def test_wheelhouse_build_publishes_to_the_configured_storage(tmp_path: Path) -> None:
-    """The single-box command without Redis: build, check, publish, exit 0."""
-    import os
-    import subprocess
-
-    from tests.helpers import config_env
-
-    sdist = make_sdist(CUDAEXT, tmp_path / "sdist", "cudaext", "0.1.0")
-    config = build_config(tmp_path)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
-    env.update(config_env(config))
-    out = subprocess.run(
-        [shutil.which("wheelhouse") or "wheelhouse", "build", str(sdist), "--torch", "2.14",
-         "--cuda", "13.0", "--python", "3.11", "--arch", "sm80", "--timeout", "900"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert SPEC.expected_wheel_name in out.stdout + out.stderr
-    catalog = Catalog(open_storage(config), 0)
-    [record] = catalog.files(SPEC.variant, SPEC.project)  # type: ignore[arg-type]
-    assert record.filename == SPEC.expected_wheel_name
-    # The record says what MAX_JOBS was chosen and why, and what the build measured.
-    assert record.build.max_jobs is not None
-    assert record.build.max_jobs.reason.startswith("MAX_JOBS=")
-    assert record.build.toolkit is not None and record.build.toolkit.startswith("V13.0")
-    assert record.build.peak_tree_bytes is not None and record.build.peak_tree_bytes > 0
