@@ -173,6 +173,10 @@ def config_env(config: Config) -> dict[str, str]:
 
 #: What a systemd unit or a container gives a command: no virtual environment on PATH.
 MINIMAL_PATH = "/usr/bin:/bin"
+#: The host's network settings, which a unit file on this host would set too (a TLS-inspecting
+#: proxy's CA bundle, proxies): carried into :func:`run_console`'s otherwise bare environment.
+HOST_NETWORK_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY",
+                    "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 
 
 def console_script() -> Path:
@@ -185,8 +189,10 @@ def console_script() -> Path:
 def run_console(*args: str, config: Config | None = None, env: dict[str, str] | None = None,
                 cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run the installed console script by its path, as a unit file would: ``PATH`` is
-    :data:`MINIMAL_PATH`, the settings are ``config``'s (none: the defaults) and ``env``."""
+    :data:`MINIMAL_PATH`, the settings are ``config``'s (none: the defaults) and ``env``, and
+    only the host's network settings (:data:`HOST_NETWORK_ENV`) come from this process."""
     environ = {"PATH": MINIMAL_PATH, "HOME": os.environ.get("HOME", "/")}
+    environ.update({k: os.environ[k] for k in HOST_NETWORK_ENV if k in os.environ})
     if config is not None:
         environ.update(config.to_env())
     environ.update(env or {})
