@@ -45,8 +45,8 @@ def _login_redirect() -> BaseResponse:
     return redirect(url_for("pages.login", next=request.full_path.rstrip("?")))
 
 
-#: Where the README explains what builds need (served by ``home.readme``).
-BUILDS_SECTION = "Building wheels"
+#: The README section on the shapes wheelhouse runs in, builds included (``home.readme``).
+BUILDS_SECTION = "Running it for real"
 
 
 @bp.app_context_processor

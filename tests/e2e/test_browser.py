@@ -266,7 +266,7 @@ def test_the_front_page_command_installs_the_wheel_it_lists(
         page.screenshot(path=str(shots / "22-index-only-request.png"), full_page=True)
         page.click("#readme-link")
         page.wait_for_url(f"{url}/readme*")
-        assert "## Building wheels" in page.inner_text("body")
+        assert "## Running it for real" in page.inner_text("body")
 
 
 def test_a_build_past_its_last_compile_step_is_finishing(

@@ -66,10 +66,10 @@ def test_index_only_request_and_sign_in_explain_what_builds_need(tmp_path: Path)
         text = " ".join(html.unescape(resp.text).split())
         assert "Builds need a build queue (Redis) and a build worker" in text
         assert "wheelhouse serve --with-worker" in text
-        assert 'href="/readme#:~:text=Building%20wheels"' in text
+        assert 'href="/readme#:~:text=Running%20it%20for%20real"' in text
     readme = client.get("/readme")
     assert readme.status_code == 200 and readme.mimetype == "text/plain"
-    assert "\n## Building wheels" in readme.text
+    assert "\n## Running it for real" in readme.text
 
 
 def test_with_a_build_queue_sign_in_is_offered(redis_url: str, tmp_path: Path,
