@@ -273,15 +273,14 @@ def test_a_build_past_its_last_compile_step_is_finishing(
         browser: Any, redis_url: str, tmp_path: Path, shots: Path) -> None:
     """The live page never says "about 0 s left" or "100%" before the end: it follows the
     worker's progress without a reload and says "finishing" once every compile step is done."""
-    from rq.job import Job
-
+    from tests.helpers import build_job
     from wheelhouse.buildspec import BuildSpec
     from wheelhouse.queue import enqueue_build
 
     conn = Redis.from_url(redis_url)
     spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.8", cuda="12.8")
     job_id = enqueue_build(conn, spec, require_worker=False).job_id
-    job = Job.fetch(job_id, connection=conn)
+    job = build_job(conn, job_id)
     job.meta.update(phase="compile", progress=[3, 10])
     job.save_meta()
     job.started_at = job.enqueued_at
