@@ -23,7 +23,7 @@ from wheelhouse.buildspec import (
 )
 from wheelhouse.config import Config
 from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
-from wheelhouse.recipes import recipe_dirs, recipe_projects, suggested_projects
+from wheelhouse.recipes import recipe_dirs, recipe_projects
 from wheelhouse.variants import (
     KNOWN_ARCHS,
     KNOWN_CUDA,
@@ -42,11 +42,6 @@ MAX_PYTHONS = len(KNOWN_PYTHONS)
 def recipe_list(config: Config) -> list[str]:
     """Projects with a recipe of their own."""
     return recipe_projects(recipe_dirs(config))
-
-
-def project_suggestions(config: Config) -> list[str]:
-    """The projects the form suggests; any other valid name may be typed."""
-    return suggested_projects(config)
 
 
 # -- validating a request --

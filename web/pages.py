@@ -19,14 +19,14 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import auth
 from web.api import base_url
 from web.builds import JOB_ID, build_view, spec_of, submit
-from web.form import SUGGESTED_TORCH, parse_request, project_suggestions, recipe_list
+from web.form import SUGGESTED_TORCH, parse_request, recipe_list
 from web.matrix import build_matrix
 from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import UnservableSpec
 from wheelhouse.fleet import live_workers, servable
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
-from wheelhouse.recipes import allowed_projects
+from wheelhouse.recipes import allowed_projects, suggested_projects
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("pages", __name__)
@@ -118,7 +118,7 @@ def _fleet() -> tuple[set[tuple[str, str]], list[Any]]:
 def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
     svc = services()
     pairs, workers = _fleet()
-    suggestions = project_suggestions(svc.config)
+    suggestions = suggested_projects(svc.config)  # any other valid name may be typed
     project = values.get("project") or (suggestions[0] if suggestions else "")
     # Versions are looked up for a name that is valid and allowed (never for arbitrary input).
     versions = (svc.versions.get(svc.router.default, project)

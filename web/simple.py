@@ -197,22 +197,23 @@ def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]
         lines.append(f"  uv pip install --index-url {base_url}/{related[0].key}/simple {project}")
     if others:
         lines.append(f"Other variants with {project}: {', '.join(v.key for v in others)}.")
-    if not elsewhere:
+    if not elsewhere and project in recipe_list(services().config):
         lines.append(f"{project} has a recipe here but no wheel has been built yet.")
+    elif not elsewhere:
+        lines.append(f"{project} was published here, but storage lists no wheel of it now.")
     lines.append(f"This index does not send {project} to the public upstream, since it is "
                  "hosted here: the upstream would give your installer an sdist to compile.")
-    version = "VERSION"
     spec = f"--torch {variant.torch} --cuda {variant.cuda}" + "".join(
         f" --arch sm{a}" for a in variant.archs)
     if services().redis is not None:
         query = urlencode([("project", project), ("torch", variant.torch),
                            ("cuda", variant.cuda), *(("archs", a) for a in variant.archs)])
         lines.append(f"Request a build: {base_url}{url_for('pages.request_form')}?{query}")
-        lines.append(f"  or: wheelhouse request {project}=={version} {spec} --python 3.X "
+        lines.append(f"  or: wheelhouse request {project}==VERSION {spec} --python 3.X "
                      f"--server {base_url}")
     else:
         lines.append("This server has no build queue; an operator can build it with:")
-        lines.append(f"  wheelhouse build {project}=={version} {spec} --python 3.X")
+        lines.append(f"  wheelhouse build {project}==VERSION {spec} --python 3.X")
     return "\n".join(lines)
 
 

@@ -255,3 +255,5 @@ def test_a_project_whose_records_vanish_stays_hosted(
     storage.put_bytes("generation", b"emptied")
     resp = client.get("/torch2.14-cu130-sm80/simple/cudaext/", headers={"Accept": UV_ACCEPT})
     assert resp.status_code == 404, resp.headers.get("Location")
+    assert "cudaext was published here, but storage lists no wheel of it now." in (
+        resp.get_json()["error"])
