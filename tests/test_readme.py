@@ -204,6 +204,13 @@ def test_the_quick_start_serves_and_installs_a_wheel_in_a_fresh_clone(
             assert time.monotonic() < deadline, "the front page never listed the wheel"
             time.sleep(0.3)
         assert f"--index-url {url}/{variant}/simple" in requests.get(url + "/", timeout=10).text
+        # Every server process notices within WHEELHOUSE_CATALOG_REFRESH_SECONDS (1 s): until
+        # then one may still answer 404 for the project (never the upstream: it is hosted).
+        page, ok = f"{url}/{variant}/simple/flash-attn/", 0
+        while ok < 5:
+            assert time.monotonic() < deadline + 10, "the project page never listed the wheel"
+            ok = ok + 1 if requests.get(page, timeout=10).status_code == 200 else 0
+            time.sleep(0.2)
 
         target = tmp_path / "target"
         uv_bin = clone / ".venv" / "bin" / "uv"  # pip install . brought it
