@@ -309,3 +309,53 @@ def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+class RedisProcess:
+    """A redis-server of a test's own, to stop (SIGSTOP: hung), kill and restart on the same
+    port. Append-only with fsync on every write, as a production Redis keeps its data, so
+    tokens and jobs outlive a kill."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)],
+            stdout=subprocess.DEVNULL, start_new_session=True)
+        wait_for_port(self.port)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+    def hang(self) -> None:
+        """SIGSTOP: connections stay open and nothing answers."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL: connections are reset, new ones refused."""
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> RedisProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.kill()

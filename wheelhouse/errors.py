@@ -63,6 +63,15 @@ class DamagedFile(StorageError):
     """
 
 
+class QueueUnavailable(WheelhouseError, ConnectionError):
+    """The build queue's Redis refused the connection, timed out or is still loading its data.
+
+    Raised by the clients :func:`wheelhouse.redisclient.connect` makes, for every command they
+    send (ours and RQ's alike), so that callers never see a redis-py connection error; another
+    attempt may succeed once Redis is back.
+    """
+
+
 class InvalidRecipe(WheelhouseError, ValueError):
     """A recipe file that does not parse or names unknown settings."""
 

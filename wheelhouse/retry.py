@@ -6,6 +6,8 @@ nowhere else:
 - :data:`BUILD_STEPS`: a worker's network and storage steps (sdist fetch, installs, publishing);
 - :data:`LOG_UPLOAD`: storing a build's log, a convenience that must not hold up the outcome;
 - :data:`S3_REQUESTS`: each S3 request, retried by botocore itself (``make_s3_client``);
+- :data:`QUEUE_COMMANDS`: each command the web (or CLI) sends to the build queue's Redis;
+- :data:`WORKER_RECONNECT`: a worker waiting for its Redis to come back;
 - :data:`ABANDONED_JOBS`: an RQ job whose worker died, handed to RQ's own retry (``queue.py``);
 - :data:`OOM_COMPILE`: a compile killed for memory, tried again at half the MAX_JOBS.
 """
@@ -17,6 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from wheelhouse.errors import InfrastructureError
 
@@ -89,3 +94,13 @@ S3_REQUESTS = RetryPolicy(attempts=2)
 ABANDONED_JOBS = RetryPolicy(attempts=2)
 #: A compile killed for lack of memory runs once more, at half the MAX_JOBS.
 OOM_COMPILE = RetryPolicy(attempts=2)
+#: One command to the build queue's Redis from the web: each attempt bounded by ``timeout``
+#: (connect and read). A dropped connection (Redis restarted since the pooled connection was
+#: made) is re-made once, at once; a timeout is not retried, so a hung Redis costs a request
+#: ``timeout`` seconds, not a multiple of it. redis-py does the retrying
+#: (``wheelhouse.redisclient``).
+QUEUE_COMMANDS = RetryPolicy(attempts=2, retry_on=(RedisConnectionError,), timeout=2.0)
+#: A worker whose Redis went away pings it until it answers, then serves again; after about
+#: 18 minutes it gives up and exits, for its supervisor to restart.
+WORKER_RECONNECT = RetryPolicy(attempts=40, delays=(1, 2, 5, 10, 30),
+                               retry_on=(RedisConnectionError, RedisTimeoutError))
