@@ -24,6 +24,7 @@ from wheelhouse.errors import (
     InvalidProjectName,
     InvalidVariant,
     InvalidWheel,
+    QueueUnavailable,
     StorageError,
     TokenError,
     UnservableSpec,
@@ -32,8 +33,8 @@ from wheelhouse.errors import (
 
 log = logging.getLogger(__name__)
 
-#: Seconds a client is asked to wait before trying again when storage is in trouble: about
-#: what one failed storage call costs, so a retry meets a refreshed state.
+#: Seconds a client is asked to wait before trying again when storage or the build queue is in
+#: trouble: about what one failed storage call costs, so a retry meets a refreshed state.
 RETRY_AFTER = "10"
 #: Present while this process's catalog could not be refreshed: ``stale; age=<seconds since
 #: storage last confirmed it>``.
@@ -49,6 +50,7 @@ STATUS: list[tuple[type[Exception], int]] = [
     (UnservableSpec, 409),
     (TokenError, 400),
     (StorageError, 503),
+    (QueueUnavailable, 503),
     (WheelhouseError, 400),
 ]
 
@@ -64,14 +66,22 @@ def _wants_json() -> bool:
 
 
 def error_response(status: int, message: str) -> Response:
-    if _wants_json():
-        resp = jsonify({"error": message, "status": status})
-        resp.status_code = status
-        return resp
-    if request.path.startswith(("/files/",)) or "/simple/" in request.path:
-        return Response(message + "\n", status=status, mimetype="text/plain")
-    html = render_template("error.html", status=status, message=message)
-    return Response(html, status=status, mimetype="text/html")
+    """The answer for ``status``: JSON for the API, plain text for the index, else a page.
+
+    It must not fail itself (an error page that raises is a 500, or worse an unhandled
+    exception): a page that can't be rendered, whatever the reason, falls back to plain text.
+    """
+    try:
+        if _wants_json():
+            resp = jsonify({"error": message, "status": status})
+            resp.status_code = status
+            return resp
+        if not (request.path.startswith("/files/") or "/simple/" in request.path):
+            html = render_template("error.html", status=status, message=message)
+            return Response(html, status=status, mimetype="text/html")
+    except Exception:
+        log.exception("could not render the %d page; answering in plain text", status)
+    return Response(message + "\n", status=status, mimetype="text/plain")
 
 
 def catalog_header(catalog: Catalog) -> str | None:
@@ -103,10 +113,21 @@ def register(app: Flask, svc: Services) -> None:
     def _domain(exc: WheelhouseError) -> Response:
         if isinstance(exc, StorageError):
             return _storage(exc)
+        if isinstance(exc, QueueUnavailable):
+            return _queue(exc)
         for kind, status in STATUS:
             if isinstance(exc, kind):
                 return error_response(status, str(exc))
         return error_response(400, str(exc))
+
+    def _queue(exc: QueueUnavailable) -> Response:
+        # The operator needs the detail (the cause: which address, refused or timed out); the
+        # client a time to retry.
+        log.warning("503 on %s %s: %s (%s)", request.method, request.path, exc,
+                    exc.__cause__ or exc)
+        resp = error_response(503, str(exc))
+        resp.headers["Retry-After"] = RETRY_AFTER
+        return resp
 
     def _storage(exc: StorageError) -> Response:
         damaged = isinstance(exc, DamagedFile)

@@ -26,9 +26,15 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from wheelhouse.catalog import Catalog
+from wheelhouse.errors import QueueUnavailable
 
 if TYPE_CHECKING:
     from redis import Redis
+
+
+#: Methods counted under their own name; any other is counted as ``other``, so that a client
+#: inventing methods can't add label values (each one a time series, kept forever).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class Metrics:
@@ -66,7 +72,13 @@ class Metrics:
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def count_request(self, route: str, method: str, status: int, size: int | None) -> None:
-        """Count one answered request (Flask's hook and the fast path both call this)."""
+        """Count one answered request (Flask's hook, the fast path and the guard call this).
+
+        ``route`` must come from a closed set (a URL rule, or ``unmatched``), never from the
+        request; the method is folded into :data:`METHODS` or ``other`` here.
+        """
+        if method not in METHODS:
+            method = "other"
         key = (route, method, status)
         pair = self._children.get(key)
         if pair is None:
@@ -119,8 +131,8 @@ class _LiveCollector(Collector):
 
         try:
             yield from self._builds()
-        except RedisError:
-            return
+        except (QueueUnavailable, RedisError):
+            return  # the build figures are missing from this scrape; the rest still counts
 
     def _builds(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         from rq import Queue

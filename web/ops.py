@@ -18,31 +18,16 @@ access_log = logging.getLogger("wheelhouse.access")
 
 @bp.get("/healthz")
 def healthz() -> Response:
-    """The process is alive and serving; touches nothing else."""
+    """Liveness: the process is serving. It touches neither storage nor Redis (the hooks stand
+    aside for it too), so a dependency that hangs never makes a live server look dead."""
     return Response("ok\n", mimetype="text/plain", headers={"Cache-Control": "no-store"})
 
 
 @bp.get("/readyz")
 def readyz() -> Response:
-    """Storage and (if configured) Redis answer within short timeouts."""
-    svc = services()
-    checks: dict[str, str] = {}
-    ok = True
-    try:
-        svc.storage.ping()
-        checks["storage"] = "ok"
-    except OSError as exc:
-        ok = False
-        checks["storage"] = str(exc)
-    if svc.redis is not None:
-        from redis.exceptions import RedisError
-
-        try:
-            svc.redis.ping()
-            checks["redis"] = "ok"
-        except RedisError as exc:
-            ok = False
-            checks["redis"] = f"unreachable: {exc}"
+    """Readiness: storage, the catalog's refresh and (if configured) Redis, each checked within
+    a short deadline and reported with its last error; 503 while any of them fails."""
+    ok, checks = services().readiness.report()
     resp = jsonify({"ready": ok, "checks": checks})
     resp.status_code = 200 if ok else 503
     resp.headers["Cache-Control"] = "no-store"

@@ -15,9 +15,9 @@ from flask import Flask, current_app
 from web.access import AuthSettings, Tokens
 from web.caches import FormatCache, MetadataCache, PageCache, VersionsCache
 from web.metrics import Metrics
+from web.readiness import Probe, Readiness
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
-from wheelhouse.redisconn import connect
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.upstream import Router
 
@@ -46,18 +46,24 @@ class Services:
     formats: FormatCache
     metadata: MetadataCache
     versions: VersionsCache
+    readiness: Readiness
+    """What ``/readyz`` checks: storage, the catalog's refresh and (if configured) Redis."""
 
     @classmethod
     def create(cls, config: Config, storage: Storage | None = None) -> Services:
         store = storage if storage is not None else open_storage(config)
         redis_conn = None
         if config.redis_url:
-            # Short timeouts: a page must not hang because the queue is down.
-            redis_conn = connect(config, timeout=2)
+            from wheelhouse.redisclient import connect
+
+            # Short timeouts, and QueueUnavailable (503) instead of redis-py's errors: a page
+            # must not hang or fail because the queue is down.
+            redis_conn = connect(config.redis_url)
+        catalog = Catalog(store, config.catalog_refresh_seconds)
         return cls(
             config=config,
             storage=store,
-            catalog=Catalog(store, config.catalog_refresh_seconds),
+            catalog=catalog,
             router=Router(config.upstream, config.upstream_rules),
             redis=redis_conn,
             tokens=Tokens(redis_conn) if redis_conn is not None else None,
@@ -67,6 +73,7 @@ class Services:
             formats=FormatCache(),
             metadata=MetadataCache(),
             versions=VersionsCache(),
+            readiness=_readiness(store, catalog, redis_conn),
         )
 
     def install(self, app: Flask) -> None:
@@ -74,6 +81,21 @@ class Services:
         if EXTENSION in app.extensions:
             raise RuntimeError("this application already has its services")
         app.extensions[EXTENSION] = self
+
+
+#: Seconds ``/readyz`` waits for each dependency (they are checked in parallel).
+READY_DEADLINE = 2.5
+
+
+def _readiness(storage: Storage, catalog: Catalog, redis: Redis | None) -> Readiness:
+    probes = [Probe("storage", storage.ping, deadline=READY_DEADLINE),
+              # Re-reads the generation (and new records): the catalog this process serves
+              # from is as fresh as storage, or the error says why not.
+              Probe("catalog", catalog.refresh, deadline=READY_DEADLINE)]
+    if redis is not None:
+        probes.append(Probe("redis", redis.ping, deadline=READY_DEADLINE,
+                            describe=lambda exc: f"{exc} ({exc.__cause__ or exc})"))
+    return Readiness(probes)
 
 
 def services() -> Services:

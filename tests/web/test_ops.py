@@ -19,21 +19,31 @@ def test_healthz(client: FlaskClient) -> None:
     assert resp.status_code == 200 and resp.data == b"ok\n"
 
 
-def test_readyz_checks_storage_and_redis(any_config: Config, redis_url: str) -> None:
+def test_readyz_checks_storage_catalog_and_redis(any_config: Config, redis_url: str) -> None:
     client = create_app(any_config.replace(redis_url=redis_url)).test_client()
     resp = client.get("/readyz")
     assert resp.status_code == 200
-    assert resp.get_json() == {"ready": True, "checks": {"storage": "ok", "redis": "ok"}}
+    body = resp.get_json()
+    assert body["ready"] is True
+    assert set(body["checks"]) == {"storage", "catalog", "redis"}
+    for check in body["checks"].values():
+        assert check["ok"] is True and check["error"] is None and check["last_ok"]
+        assert check["last_error"] is None
 
 
-def test_readyz_fails_fast_when_redis_is_down(tmp_path: Path) -> None:
+def test_readyz_fails_fast_when_redis_is_down_and_keeps_the_last_error(tmp_path: Path) -> None:
     from tests.helpers import free_port
 
     dead = f"redis://127.0.0.1:{free_port()}/0"
     client = create_app(Config(storage=str(tmp_path), redis_url=dead)).test_client()
     resp = client.get("/readyz")
-    assert resp.status_code == 503
-    assert resp.get_json()["checks"]["redis"].startswith("unreachable")
+    assert resp.status_code == 503 and resp.headers["Cache-Control"] == "no-store"
+    body = resp.get_json()
+    assert body["ready"] is False
+    redis = body["checks"]["redis"]
+    assert redis["ok"] is False and "unreachable" in redis["error"]
+    assert redis["last_error"] == redis["error"] and redis["last_error_at"]
+    assert body["checks"]["storage"]["ok"] is True  # one dependency down is said as such
 
 
 def test_request_id_is_returned_and_sanitized(client: FlaskClient) -> None:
@@ -78,3 +88,20 @@ def test_metrics_without_multiprocess(client: FlaskClient, published: list[Recor
     text = client.get("/metrics").get_data(as_text=True)
     assert "wheelhouse_http_requests_total" in text
     assert "wheelhouse_catalog_files 3.0" in text
+
+
+def test_metric_labels_come_from_a_closed_set(tmp_path: Path) -> None:
+    """Invented methods and unknown paths don't add label values (each one a time series)."""
+    client = create_app(Config(storage=str(tmp_path / "data"), upstream="off")).test_client()
+    for i in range(50):
+        client.open(f"/no/such/page/{i}", method=f"BREW{i}")
+        client.open("/healthz", method=f"X-{i}")
+        client.get(f"/nothing-{i}")
+    text = client.get("/metrics").get_data(as_text=True)
+    lines = [ln for ln in text.splitlines() if ln.startswith("wheelhouse_http_requests_total{")]
+    methods = {ln.split('method="')[1].split('"')[0] for ln in lines}
+    routes = {ln.split('route="')[1].split('"')[0] for ln in lines}
+    assert methods <= {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "other"}
+    assert "other" in methods
+    assert routes <= {"unmatched", "/healthz", "/metrics"}
+    assert not any("BREW" in ln or "nothing-" in ln for ln in lines)
