@@ -1,11 +1,15 @@
-"""Who may do what, as settings parsed once: read protection, rate limits, and the tokens.
+"""Who may do what, as settings parsed once: read protection, rate limits, the sign-in
+lockout, and the tokens.
 
-``web.auth`` applies them to requests; this module knows nothing of Flask.
+``web.auth`` applies them to requests; this module knows nothing of Flask. Counters live in
+Redis, each key with a TTL of its window, so their memory is bounded by the live windows and
+nothing is kept in this process.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,13 +58,50 @@ class RateLimit:
         return cls(int(m.group(1)), int(m.group(2)))
 
 
+#: Where the counters of :class:`Windows` live in Redis.
+RATE_PREFIX = "wheelhouse:rate:"
+
+
+@dataclass(frozen=True)
+class Windows:
+    """Fixed-window counters in Redis: ``hit`` counts, ``wait`` only looks.
+
+    Both answer the seconds left in the window when its count has reached the limit's, else
+    None. Redis errors are the client's (:class:`~wheelhouse.errors.QueueUnavailable` for the
+    web's), never swallowed: a limit that can't be checked must not let everyone through.
+    """
+
+    conn: Redis
+
+    @staticmethod
+    def _key(key: str, limit: RateLimit, now: float) -> tuple[str, int]:
+        window = int(now) // limit.seconds
+        return f"{RATE_PREFIX}{key}:{window}", (window + 1) * limit.seconds - int(now) or 1
+
+    def hit(self, key: str, limit: RateLimit) -> int | None:
+        """Count one hit; the wait when this hit went over the limit."""
+        full, left = self._key(key, limit, time.time())
+        with self.conn.pipeline() as pipe:
+            pipe.incr(full)
+            pipe.expire(full, limit.seconds + 1)
+            count, _ = pipe.execute()
+        return left if int(count) > limit.count else None
+
+    def wait(self, key: str, limit: RateLimit) -> int | None:
+        """The wait if the count already reached the limit (the next hit would be refused)."""
+        full, left = self._key(key, limit, time.time())
+        raw = self.conn.get(full)
+        return left if raw is not None and int(raw) >= limit.count else None
+
+
 @dataclass(frozen=True)
 class AuthSettings:
     read: ReadAuth
     rate: RateLimit
     """Build-costing requests per token."""
     login_rate: RateLimit
-    """Failed sign-ins per client address."""
+    """Failed token checks (sign-in form, Bearer, basic password) per client address; once
+    spent, every attempt from that address is refused until the window ends."""
 
     @classmethod
     def from_config(cls, config: Config) -> AuthSettings:

@@ -5,7 +5,11 @@
 - Every form POST carries a CSRF token bound to the session; API calls that authenticate with
   the session cookie instead of a Bearer token must send it as ``X-CSRF-Token``.
 - Requests that cost build hours are counted per token in Redis (fixed windows), and failed
-  logins per client address.
+  token checks per client address (the sign-in form, Bearer tokens, basic-auth passwords):
+  once a client's failures reach ``WHEELHOUSE_LOGIN_RATE_LIMIT``, every attempt it makes is
+  refused with 429 until the window ends, the right token too.
+- A token check that can't reach Redis is a 503 (``QueueUnavailable``), never a 401: the
+  caller's token may well be good.
 - ``Config.auth`` optionally protects reading: ``basic:USER:PASSWORD``, or ``token`` (any token
   with the ``read`` scope, as Bearer or as the password of basic auth, which uv and pip send
   from credentials in the index URL).
@@ -18,7 +22,6 @@ import binascii
 import hmac
 import logging
 import secrets
-import time
 from typing import TYPE_CHECKING
 
 from flask import Flask, g, request, session
@@ -31,8 +34,9 @@ from werkzeug.exceptions import (
     Unauthorized,
 )
 
-from web.access import RateLimit
+from web.access import Windows
 from web.services import Services, services
+from wheelhouse.errors import QueueUnavailable
 from wheelhouse.tokens import TokenInfo
 
 if TYPE_CHECKING:
@@ -41,7 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SECRET_KEY = "wheelhouse:secret-key"  # noqa: S105 (a Redis key name)
-RATE_PREFIX = "wheelhouse:rate:"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
 #: Paths that never need read credentials (probes, the login form, static files).
@@ -53,20 +56,18 @@ def init_app(app: Flask, svc: Services) -> None:
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
                       SESSION_COOKIE_NAME="wheelhouse_session")
     app.before_request(_protect_reads)
-    app.context_processor(lambda: {"csrf_token": csrf_token, "current_token": current_token})
+    app.context_processor(lambda: {"csrf_token": csrf_token, "current_token": shown_token})
 
 
 def _shared_secret(conn: Redis | None) -> str:
     """One session secret for every server process: kept in Redis, else per process."""
     if conn is not None:
-        from redis.exceptions import RedisError
-
         try:
             conn.set(SECRET_KEY, secrets.token_hex(32), nx=True)
             raw = conn.get(SECRET_KEY)
             if raw is not None:
                 return raw.decode() if isinstance(raw, bytes) else str(raw)
-        except RedisError as exc:
+        except QueueUnavailable as exc:
             log.warning("no shared session secret (%s); sessions are per process", exc)
     return secrets.token_hex(32)
 
@@ -92,32 +93,49 @@ def _basic() -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
+def _presented() -> str | None:
+    """The token the request presents: a Bearer token, or the password of basic auth."""
+    bearer = _bearer()
+    if bearer is not None:
+        return bearer
+    basic = _basic()
+    return basic[1] if basic is not None else None
+
+
 def current_token() -> TokenInfo | None:
-    """The token behind this request (Bearer, basic password, or the login session)."""
+    """The token behind this request (Bearer, basic password, or the login session).
+
+    A presented token is refused with 429 while its client is locked out, and a wrong one
+    counts toward that lockout. Raises :class:`QueueUnavailable` (a 503) when Redis, which keeps
+    the tokens, can't be asked.
+    """
     if "wh_token" in g:
         return g.wh_token  # type: ignore[no-any-return]
-    from redis.exceptions import RedisError
-
     info = None
     tokens = services().tokens
+    presented = _presented()
     if tokens is not None:
-        bearer = _bearer()
-        basic = _basic()
-        try:
-            if bearer is not None:
-                info = tokens.verify(bearer)
-            elif basic is not None:
-                info = tokens.verify(basic[1])
-            elif isinstance(session.get("token"), str):
-                info = tokens.by_digest(session["token"])
-                if info is None:
-                    session.pop("token", None)  # revoked since login
-        except RedisError as exc:
-            # Nobody is signed in while the queue is down; reads of the index still work.
-            log.warning("cannot check tokens: %s", exc)
+        if presented is not None:
+            refuse_if_locked_out()
+            info = tokens.verify(presented)
+            if info is None:
+                failed_sign_in()
+        elif isinstance(session.get("token"), str):
+            info = tokens.by_digest(session["token"])
+            if info is None:
+                session.pop("token", None)  # revoked since login
     g.wh_token = info
-    g.wh_via_session = info is not None and _bearer() is None and _basic() is None
+    g.wh_via_session = info is not None and presented is None
     return info
+
+
+def shown_token() -> TokenInfo | None:
+    """:func:`current_token` for templates, which only show who is signed in: None (signed
+    out) when the queue can't be asked, so that a page that needs no Redis still renders."""
+    try:
+        return current_token()
+    except QueueUnavailable:
+        return None
 
 
 def require_scope(scope: str) -> TokenInfo:
@@ -177,40 +195,43 @@ def logout() -> None:
     g.wh_token = None
 
 
-# -- rate limits --
+# -- rate limits and the sign-in lockout --
 
 
-def _hit(key: str, limit: RateLimit) -> int | None:
-    """Count one hit in the current window; seconds to wait when over the limit, else None."""
+def _windows() -> Windows | None:
     conn = services().redis
-    if conn is None:
-        return None
-    window = int(time.time()) // limit.seconds
-    full = f"{RATE_PREFIX}{key}:{window}"
-    with conn.pipeline() as pipe:
-        pipe.incr(full)
-        pipe.expire(full, limit.seconds + 1)
-        count, _ = pipe.execute()
-    if int(count) > limit.count:
-        return (window + 1) * limit.seconds - int(time.time()) or 1
-    return None
+    return Windows(conn) if conn is not None else None
+
+
+def _client() -> str:
+    return "login:" + (request.remote_addr or "unknown")[:64]
 
 
 def rate_limit(info: TokenInfo) -> None:
     """Count a build-costing request against ``info``'s budget; 429 once it is spent."""
+    windows = _windows()
     limit = services().auth.rate
-    wait = _hit("token:" + info.digest[:32], limit)
+    wait = windows.hit("token:" + info.digest[:32], limit) if windows is not None else None
     if wait is not None:
         raise TooManyRequests(
             f"token {info.name!r} made more than {limit.count} requests in {limit.seconds} s; "
             f"retry in {wait} s", retry_after=wait)
 
 
-def rate_limit_login() -> None:
-    limit = services().auth.login_rate
-    wait = _hit("login:" + (request.remote_addr or "unknown")[:64], limit)
+def refuse_if_locked_out() -> None:
+    """429 while this client's failed token checks have reached the limit, whatever it sends."""
+    windows = _windows()
+    wait = windows.wait(_client(), services().auth.login_rate) if windows is not None else None
     if wait is not None:
-        raise TooManyRequests(f"too many failed sign-ins; retry in {wait} s", retry_after=wait)
+        raise TooManyRequests(f"too many failed sign-ins from this address; retry in {wait} s",
+                              retry_after=wait)
+
+
+def failed_sign_in() -> None:
+    """Count one failed token check (a wrong or malformed token) against this client."""
+    windows = _windows()
+    if windows is not None:
+        windows.hit(_client(), services().auth.login_rate)
 
 
 # -- read protection --

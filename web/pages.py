@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from flask import (
     Blueprint,
@@ -34,10 +34,29 @@ bp = Blueprint("pages", __name__)
 LOG_LINES = 200
 
 
+#: The longest ``next`` kept; a longer one is not a page of ours.
+_NEXT_MAX = 2000
+
+
 def _safe_next(target: str | None) -> str:
-    """Only same-site paths: a sign-in must never bounce to another host."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return url_for("pages.matrix")
+    """Only same-site paths: a sign-in must never bounce to another host.
+
+    Browsers drop tabs, CR and LF from URLs and read a backslash as a slash, so ``/%09/evil``
+    (a tab, once the query is decoded) would become ``//evil``, another host: any control
+    character, backslash, scheme or host refuses the target, as does a path that doesn't start
+    with exactly one slash.
+    """
+    fallback = url_for("pages.matrix")
+    if not target or len(target) > _NEXT_MAX or "\\" in target \
+            or any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in target):
+        return fallback
+    try:
+        parts = urlsplit(target)
+    except ValueError:  # e.g. an unbalanced "[" taken for an IPv6 host
+        return fallback
+    # "///evil" parses with an empty host, but browsers skip any number of slashes there.
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return fallback
     return target
 
 
@@ -74,12 +93,14 @@ def login() -> BaseResponse | tuple[str, int] | str:
     if request.method == "POST":
         auth.check_csrf()
         tokens = services().tokens
-        token = request.form.get("token", "").strip()
-        info = tokens.verify(token) if tokens is not None else None
+        if tokens is None:
+            error = "This server has no build queue, so there is nothing to sign in to."
+            return render_template("login.html", error=error, next=nxt), 401
+        auth.refuse_if_locked_out()  # the right token too, until the lockout ends
+        info = tokens.verify(request.form.get("token", "").strip())
         if info is None:
-            auth.rate_limit_login()
-            error = ("That token is not valid (or was revoked)." if tokens is not None
-                     else "This server has no build queue, so there is nothing to sign in to.")
+            auth.failed_sign_in()
+            error = "That token is not valid (or was revoked)."
             return render_template("login.html", error=error, next=nxt), 401
         auth.login(info)
         return redirect(nxt)

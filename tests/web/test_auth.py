@@ -174,15 +174,46 @@ def test_a_wrong_token_at_sign_in_is_shown_next_to_the_field(client: FlaskClient
     assert "whk_wrong" not in resp.text
 
 
-def test_sign_in_never_redirects_off_site(client: FlaskClient, conn: Redis) -> None:
+#: Targets a sign-in must not follow: other hosts, however spelled. Browsers drop tabs, CR and
+#: LF and read "\\" as "/", so "/\t/evil.example" is "//evil.example" to them.
+OFF_SITE = [
+    "https://evil.example/", "//evil.example/", "/\\evil.example", "/\t/evil.example",
+    "/\r\n/evil.example", "\t//evil.example", "/\x00/evil.example", "http:/evil.example",
+    "javascript:alert(1)", "evil.example", "///evil.example", "/\x7f/evil.example",
+    " //evil.example", "/\u0085/evil.example", "[", "//[::1]/", "https:evil.example",
+]
+
+
+@pytest.mark.parametrize("target", OFF_SITE)
+def test_sign_in_never_redirects_off_site(client: FlaskClient, conn: Redis, target: str) -> None:
     tok = token(conn)
     page = client.get("/login")
-    for target in ("https://evil.example/", "//evil.example/", "/\\evil.example"):
-        resp = client.post("/login", data={"token": tok, "csrf_token": csrf_of(page.text),
-                                           "next": target})
-        assert resp.status_code == 302
-        assert resp.headers["Location"] == "/matrix", target
-        page = client.get("/login")
+    resp = client.post("/login", data={"token": tok, "csrf_token": csrf_of(page.text),
+                                       "next": target})
+    assert resp.status_code == 302
+    assert resp.headers["Location"] == "/matrix", target
+
+
+@pytest.mark.parametrize("query", ["/%09/evil.example", "/%0d%0a/evil.example",
+                                   "%0d%0aSet-Cookie:%20x=1", "/%5Cevil.example"])
+def test_next_from_the_query_is_checked_too(client: FlaskClient, conn: Redis,
+                                            query: str) -> None:
+    page = client.get(f"/login?next={query}")
+    assert page.status_code == 200
+    assert 'name="next" value="/matrix"' in page.text
+    resp = client.post(f"/login?next={query}", data={"token": token(conn),
+                                                      "csrf_token": csrf_of(page.text)})
+    assert resp.status_code == 302 and resp.headers["Location"] == "/matrix"
+
+
+@pytest.mark.parametrize("target", ["/request", "/builds/x?tab=log", "/caf\u00e9",
+                                    "/matrix?project=flash-attn#row"])
+def test_sign_in_follows_same_site_paths(client: FlaskClient, conn: Redis, target: str) -> None:
+    page = client.get("/login")
+    resp = client.post("/login", data={"token": token(conn), "csrf_token": csrf_of(page.text),
+                                       "next": target})
+    assert resp.status_code == 302
+    assert resp.headers["Location"].startswith(target.split("\u00e9")[0])
 
 
 @pytest.mark.parametrize("csrf", [None, "", "forged"])
@@ -247,6 +278,57 @@ def test_failed_sign_ins_are_rate_limited(redis_url: str, tmp_path: Path) -> Non
     codes = [client.post("/login", data={"token": "whk_guess", "csrf_token": csrf}).status_code
              for _ in range(3)]
     assert codes == [401, 401, 429]
+
+
+def test_a_lockout_refuses_the_right_token_too(
+        redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    """Once locked out, a client learns nothing from its attempts: the right token gets the
+    same 429 as a wrong one, on the form and on the API, until the window ends."""
+    app = make_app(redis_url, tmp_path, login_rate_limit="2/600")
+    advertise_worker(conn)
+    client = app.test_client()
+    tok = token(conn)
+    csrf = csrf_of(client.get("/login").text)
+    for _ in range(2):
+        assert client.post("/login", data={"token": "whk_guess", "csrf_token": csrf}
+                           ).status_code == 401
+    resp = client.post("/login", data={"token": tok, "csrf_token": csrf})
+    assert resp.status_code == 429 and "too many failed sign-ins" in resp.text
+    assert 0 < int(resp.headers["Retry-After"]) <= 600
+    api = client.post("/api/builds", json=GOOD, headers=bearer(tok))
+    assert api.status_code == 429 and api.is_json and "Retry-After" in api.headers
+    # Another address is not locked out by this one's failures.
+    other = app.test_client()
+    other.environ_base["REMOTE_ADDR"] = "192.0.2.7"
+    assert other.post("/api/builds", json=GOOD, headers=bearer(tok)).status_code == 201
+
+
+@pytest.mark.parametrize("how", ["bearer", "basic"])
+def test_failed_api_tokens_count_toward_the_lockout(
+        redis_url: str, tmp_path: Path, conn: Redis, how: str) -> None:
+    app = make_app(redis_url, tmp_path, login_rate_limit="3/600", auth="token")
+    advertise_worker(conn)
+    client = app.test_client()
+    tok = token(conn)
+
+    def send(secret: str) -> int:
+        headers = bearer(secret) if how == "bearer" else _basic("ci", secret)
+        return client.post("/api/builds", json=GOOD, headers=headers).status_code
+
+    assert [send("whk_" + "A" * 43), send("whk_wrong"), send("not-even-a-token")] == [401] * 3
+    assert send(tok) == 429
+    assert send("whk_wrong") == 429
+    # Reads of a private index with a token are token checks too.
+    headers = bearer(tok) if how == "bearer" else _basic("ci", tok)
+    assert client.get("/torch2.8-cu128/simple/", headers=headers).status_code == 429
+
+
+def test_no_credentials_is_not_a_failed_attempt(redis_url: str, tmp_path: Path) -> None:
+    """uv and pip ask without credentials first; the 401 challenge must not count."""
+    client = make_app(redis_url, tmp_path, login_rate_limit="2/600",
+                      auth="token").test_client()
+    for _ in range(5):
+        assert client.get("/torch2.8-cu128/simple/").status_code == 401
 
 
 def test_bad_rate_limit_setting_fails_at_start(redis_url: str, tmp_path: Path) -> None:
