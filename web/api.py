@@ -52,12 +52,15 @@ def create_builds() -> Response:
     """``{"project", "version", "torch", "cuda", "python": [...], "archs": [...]}`` → build ids."""
     info = auth.require_scope("build")
     auth.rate_limit(info)
-    if request.content_length is not None and request.content_length > 64_000:
-        raise BadRequest("request body too large")
-    data = request.get_json(silent=True)
+    shape = ("send a JSON object (Content-Type: application/json): {\"project\", \"version\", "
+             "\"torch\", \"cuda\", \"python\": [...], \"archs\": [...]}")
+    if not request.is_json:
+        raise BadRequest(shape)
+    # A body that doesn't parse (or nests too deeply) is a 400 saying why; past
+    # web.guard.MAX_BODY it is a 413.
+    data = request.get_json()
     if not isinstance(data, dict):
-        raise BadRequest("send a JSON object: {\"project\", \"version\", \"torch\", \"cuda\", "
-                         "\"python\": [...], \"archs\": [...]}")
+        raise BadRequest(shape)
     rerun = data.pop("rerun_failed", False) is True
     svc = services()
     req = parse_request(data, allowed_projects(svc.config))

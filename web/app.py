@@ -7,8 +7,9 @@ import logging
 from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
-from web import api, auth, errors, files, home, ops, pages, simple
+from web import api, auth, errors, files, guard, home, ops, pages, simple
 from web.fastpath import CachedPages
+from web.guard import RequestGuard
 from web.services import Services
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageError
@@ -38,6 +39,7 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     svc = Services.create(config or Config.from_env(), storage)
     app = Flask(__name__)
     app.session_interface = _LazySessions()
+    guard.configure(app)
     svc.install(app)
     # Load the catalog now: under gunicorn this runs before the fork, so every worker starts
     # with it instead of each paying a full read on its first request. Storage being down is
@@ -54,4 +56,6 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     ops.init_app(app, svc)
     auth.init_app(app, svc)
     app.wsgi_app = CachedPages(app.wsgi_app, svc)  # type: ignore[method-assign]
+    # Outermost: a bad Host or URL is refused before the fast path or Flask looks at it.
+    app.wsgi_app = RequestGuard(app.wsgi_app, svc.metrics)  # type: ignore[method-assign]
     return app

@@ -221,7 +221,8 @@ def test_malformed_bodies_are_400(client: FlaskClient, tok: str, body: bytes) ->
 
 def test_oversized_body_is_refused(client: FlaskClient, tok: str) -> None:
     resp = client.post("/api/builds", json={**GOOD, "pad": "x" * 100_000}, headers=bearer(tok))
-    assert resp.status_code == 400 and resp.is_json
+    assert resp.status_code == 413 and resp.is_json
+    assert "too large" in resp.json["error"].lower() or "exceeds" in resp.json["error"]
 
 
 @pytest.mark.parametrize("path", [

@@ -13,6 +13,7 @@ from tests.web.conftest import VARIANT, Outage
 from tests.web.test_simple import UV_ACCEPT
 from web.errors import CATALOG_HEADER
 from web.fastpath import CachedPages
+from web.guard import RequestGuard
 from wheelhouse.catalog import Record
 from wheelhouse.errors import StorageError
 
@@ -21,7 +22,9 @@ COMPARED = ("ETag", "Cache-Control", "Vary", "Content-Type", "Content-Length", "
 
 def _direct(app: Flask, path: str, headers: dict[str, str], method: str = "GET") -> Any:
     """Ask the middleware alone; None means it would hand the request to Flask."""
-    middleware = app.wsgi_app
+    guard = app.wsgi_app  # the request guard stands in front of the fast path
+    assert isinstance(guard, RequestGuard)
+    middleware = guard.next
     assert isinstance(middleware, CachedPages)
     environ = EnvironBuilder(path=path, headers=headers, method=method).get_environ()
     seen: dict[str, Any] = {}
