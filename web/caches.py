@@ -1,7 +1,9 @@
 """What one server process keeps in memory between requests, each cache bounded or expiring.
 
 - :class:`PageCache`: rendered index pages (and upstream redirects), valid for one catalog
-  generation; read by the Flask views and by the fast path alike.
+  generation; read by the Flask views and by the fast path alike. Least recently used
+  answers go first: pages past a byte budget, redirects for projects we don't host past a
+  count, so a flood of made-up names neither grows memory nor evicts the real pages.
 - :class:`FormatCache`: the format already negotiated for an ``Accept`` header.
 - :class:`MetadataCache`: published ``.metadata`` bodies (small, and immutable once published).
 - :class:`VersionsCache`: an upstream project's released versions, for the request form.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from werkzeug.utils import get_content_type
@@ -43,27 +46,79 @@ class Page:
 PageKey = tuple[str, str, str, str]
 
 
+class _LRU:
+    """An ordered dict trimmed from its least recently used end past ``max_items`` entries or
+    ``max_bytes`` of bodies. Not locked: :class:`PageCache` holds the lock."""
+
+    def __init__(self, max_items: int, max_bytes: int) -> None:
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.pages: OrderedDict[PageKey, Page] = OrderedDict()
+
+    def get(self, key: PageKey) -> Page | None:
+        page = self.pages.get(key)
+        if page is not None:
+            self.pages.move_to_end(key)
+        return page
+
+    def put(self, key: PageKey, page: Page) -> None:
+        old = self.pages.pop(key, None)
+        if old is not None:
+            self.bytes -= _cost(old)
+        self.pages[key] = page
+        self.bytes += _cost(page)
+        while self.pages and (len(self.pages) > self.max_items or self.bytes > self.max_bytes):
+            _, gone = self.pages.popitem(last=False)
+            self.bytes -= _cost(gone)
+
+
+def _cost(page: Page) -> int:
+    """Roughly what a cached answer holds: its body and headers, plus the entry's overhead."""
+    return len(page.body) + sum(len(k) + len(v) for k, v in page.headers) + 256
+
+
 class PageCache:
     """Answers by :data:`PageKey`, valid for one generation. Keyed on the raw request, so a
-    hit skips validation: it was valid when cached."""
+    hit skips validation: it was valid when cached.
 
-    def __init__(self) -> None:
+    Pages (200) and other answers (redirects upstream) are kept apart, each least recently
+    used first out: pages up to ``max_page_bytes``, other answers up to ``max_other``.
+    """
+
+    def __init__(self, *, max_page_bytes: int = 64 * 1024 * 1024, max_pages: int = 50_000,
+                 max_other: int = 4096) -> None:
         self._lock = threading.Lock()
         self._generation = ""
-        self._pages: dict[PageKey, Page] = {}
+        self._limits = (max_pages, max_page_bytes, max_other)
+        self._pages = _LRU(max_pages, max_page_bytes)
+        self._other = _LRU(max_other, max_other * 4096)
 
     def get(self, generation: str, key: PageKey) -> Page | None:
-        if generation != self._generation:
-            with self._lock:
-                if generation != self._generation:
-                    self._pages = {}
-                    self._generation = generation
-            return None
-        return self._pages.get(key)
+        with self._lock:
+            if generation != self._generation:
+                self._clear(generation)
+                return None
+            return self._pages.get(key) or self._other.get(key)
 
     def put(self, generation: str, key: PageKey, page: Page) -> None:
-        if generation == self._generation:
-            self._pages[key] = page
+        with self._lock:
+            if generation == self._generation:
+                (self._pages if page.status == 200 else self._other).put(key, page)
+
+    def _clear(self, generation: str) -> None:
+        max_pages, max_page_bytes, max_other = self._limits
+        self._pages = _LRU(max_pages, max_page_bytes)
+        self._other = _LRU(max_other, max_other * 4096)
+        self._generation = generation
+
+    def __len__(self) -> int:
+        return len(self._pages.pages) + len(self._other.pages)
+
+    @property
+    def bytes(self) -> int:
+        """What the cached answers hold, roughly (see :func:`_cost`)."""
+        return self._pages.bytes + self._other.bytes
 
 
 class FormatCache:
@@ -108,6 +163,8 @@ class VersionsCache:
     TTL = 300.0
     #: The most versions the form lists.
     SHOWN = 100
+    #: The most projects kept (only recipe projects are asked for; bounded all the same).
+    MAX = 256
 
     def __init__(self, *, timeout: float = 3.0) -> None:
         self.timeout = timeout
@@ -126,5 +183,7 @@ class VersionsCache:
             result = [str(v) for v in page.versions if not v.is_devrelease][:self.SHOWN]
         except UpstreamUnavailable:
             result = None
+        if len(self._answers) >= self.MAX:
+            self._answers.clear()
         self._answers[key] = (time.monotonic(), result)
         return result

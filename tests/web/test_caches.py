@@ -1,0 +1,85 @@
+"""The page cache stays bounded whatever names clients ask for, and keeps the real pages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+
+from tests.helpers import make_wheel
+from tests.web.conftest import VARIANT
+from web import create_app
+from web.caches import Page, PageCache
+from web.services import services
+from wheelhouse.config import Config
+from wheelhouse.publish import publish
+from wheelhouse.storage import open_storage
+from wheelhouse.variants import parse_variant
+
+
+def _page(body: bytes, status: int = 200) -> Page:
+    return Page(body, '"e"', (("ETag", '"e"'),), None, status)
+
+
+def test_least_recently_used_pages_go_first_past_the_byte_budget() -> None:
+    cache = PageCache(max_page_bytes=10_000, max_other=10)
+    cache.get("g", ("root", VARIANT, "", "html"))  # as the views do: look up, then store
+    for i in range(20):
+        cache.put("g", ("project", VARIANT, f"p{i}", "html"), _page(b"x" * 1000))
+        cache.get("g", ("project", VARIANT, "p0", "html"))  # p0 is used all the time
+    assert cache.bytes <= 10_000
+    assert cache.get("g", ("project", VARIANT, "p0", "html")) is not None
+    assert cache.get("g", ("project", VARIANT, "p1", "html")) is None  # used once, long ago
+    assert cache.get("g", ("project", VARIANT, "p19", "html")) is not None
+
+
+def test_redirects_are_counted_apart_and_never_evict_pages() -> None:
+    cache = PageCache(max_page_bytes=1_000_000, max_other=100)
+    cache.get("g", ("root", VARIANT, "", "html"))
+    cache.put("g", ("project", VARIANT, "real", "json"), _page(b"page"))
+    for i in range(10_000):
+        cache.put("g", ("project", VARIANT, f"made-up-{i}", "json"), _page(b"", 302))
+    assert len(cache) == 101
+    assert cache.get("g", ("project", VARIANT, "real", "json")) is not None
+    assert cache.get("g", ("project", VARIANT, "made-up-9999", "json")) is not None
+    assert cache.get("g", ("project", VARIANT, "made-up-0", "json")) is None
+
+
+def test_a_new_generation_starts_empty() -> None:
+    cache = PageCache()
+    cache.get("g1", ("root", VARIANT, "", "html"))
+    cache.put("g1", ("root", VARIANT, "", "html"), _page(b"old"))
+    assert cache.get("g1", ("root", VARIANT, "", "html")) is not None
+    assert cache.get("g2", ("root", VARIANT, "", "html")) is None
+    cache.put("g1", ("root", VARIANT, "", "html"), _page(b"late"))  # rendered for g1: dropped
+    assert len(cache) == 0
+
+
+@pytest.fixture
+def flooded(tmp_path: Path) -> FlaskClient:
+    config = Config(storage=str(tmp_path / "data"), upstream="https://up.example/simple/",
+                    catalog_refresh_seconds=3600)
+    variant = parse_variant(VARIANT)
+    publish(open_storage(config), make_wheel(tmp_path, "demo-ext", f"1.0+{variant.local_label}"),
+            variant)
+    return create_app(config).test_client()
+
+
+def test_a_flood_of_unknown_projects_keeps_the_cache_bounded(flooded: FlaskClient) -> None:
+    """Each unknown name is answered with a redirect upstream, and each answer is cached; the
+    flood is larger than the bound, and the hosted page stays cached through it."""
+    page = flooded.get(f"/{VARIANT}/simple/demo-ext/")
+    assert page.status_code == 200
+    with flooded.application.app_context():
+        cache = services().pages
+        generation = services().catalog.generation
+    hosted = ("project", VARIANT, "demo-ext", "html")
+    assert cache.get(generation, hosted) is not None
+    bound = 4096
+    for i in range(bound + 1000):
+        resp = flooded.get(f"/{VARIANT}/simple/not-here-{i}/")
+        assert resp.status_code == 302
+    assert len(cache) <= bound + 1
+    assert cache.bytes < 4 * 1024 * 1024
+    assert cache.get(generation, hosted) is not None  # the real page outlived the flood
