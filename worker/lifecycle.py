@@ -2,6 +2,13 @@
 
 ``wheelhouse worker`` (``worker.cli``) discovers what the host can build and calls
 :func:`run_worker`; everything from then until the worker exits lives here.
+
+Redis going away is survived, not fatal: redis-py re-makes broken connections on the next
+command, and RQ's loop retries a lost connection while it waits for a job, but it quits on one
+lost elsewhere (a heartbeat, its maintenance pass). So when RQ's loop ends without a stop
+having been asked for, the worker waits for Redis (``retry.WORKER_RECONNECT``) and runs a
+fresh loop under the same name; only a stop signal, ``--burst``, or Redis staying away past
+that policy ends it.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -20,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
+from wheelhouse.retry import WORKER_RECONNECT
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -37,8 +46,8 @@ def _build_worker_class() -> type[Any]:
     from wheelhouse.buildjob import BuildJob
 
     class BuildWorker(Worker):
-        """An RQ worker that runs build requests only, and doesn't retry failures another
-        attempt can't fix.
+        """An RQ worker that runs build requests only, doesn't retry failures another attempt
+        can't fix, and says whether its loop ended because it was asked to stop.
 
         Its jobs are :class:`~wheelhouse.buildjob.BuildJob` read as JSON: a job that names
         another function, or whose arguments aren't a valid build request, fails as
@@ -46,6 +55,13 @@ def _build_worker_class() -> type[Any]:
         retry, for a job abandoned by a worker that died; a compile error, a timeout or an
         incompatible combination fails for good on the first attempt.
         """
+
+        #: Set by SIGTERM/SIGINT: RQ's loop then ends for good, not because Redis went away.
+        stop_requested = False
+
+        def request_stop(self, signum: int, frame: Any) -> None:
+            self.stop_requested = True
+            super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
         def execute_job(self, job: Job, queue: Queue) -> None:
             # Checked here, before the work horse forks: RQ's bookkeeping in the horse reads
@@ -105,20 +121,23 @@ def _live_names(conn: Redis) -> set[str]:
     return names
 
 
-def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str) -> list[str]:
+def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str,
+                      mine_too: bool = False) -> list[str]:
     """Hand the jobs of dead workers to RQ's own abandoned-job path now.
 
     RQ notices an abandoned job only when its heartbeat entry expires and a maintenance pass
     runs (minutes later). A worker that is gone (no advert, or its process is dead on this
     host) is known sooner: its started jobs are marked expired and RQ's cleanup then retries
-    each once more (``wheelhouse.retry.ABANDONED_JOBS``) or fails it.
+    each once more (``wheelhouse.retry.ABANDONED_JOBS``) or fails it. With ``mine_too``, so
+    are the started jobs of ``me`` itself: a worker whose Redis went away while a build ended
+    lost that build's outcome, and nothing of it runs any more.
     """
     from rq.registry import StartedJobRegistry
 
     from wheelhouse.buildjob import SERIALIZER, BuildJob
     from wheelhouse.queue import fetch_job
 
-    live = _live_names(conn) | {me}
+    live = _live_names(conn) - {me} if mine_too else _live_names(conn) | {me}
     abandoned: list[str] = []
     for name in queues:
         # RQ's cleanup fetches these jobs too: as build jobs, which run no callbacks.
@@ -232,6 +251,8 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     RQ's work loop runs; withdraw the advert on the way out. ``say`` gets one line for each
     thing an operator should see.
     """
+    from redis.exceptions import RedisError
+
     from wheelhouse.buildjob import SERIALIZER, BuildJob
     from wheelhouse.redisconn import connect
     from worker.reaper import become_subreaper
@@ -246,16 +267,77 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     say(f"listening on {', '.join(queues)}")
     ad = replace(caps.advert(name, started_at=time.time()), queues=queues,
                  extra={"pid": os.getpid()})
-    rq_worker = _build_worker_class()(list(queues), connection=conn, name=name,
-                                      job_class=BuildJob, serializer=SERIALIZER)
+    worker_class = _build_worker_class()
+
+    def new_worker() -> Any:
+        return worker_class(list(queues), connection=conn, name=name, job_class=BuildJob,
+                            serializer=SERIALIZER)
+
+    current: list[Any] = [new_worker()]
     heartbeat = _Heartbeat(conn, ad, float(config.worker_heartbeat_seconds),
-                           rq_worker.get_current_job_id)
+                           lambda: current[0].get_current_job_id())
     heartbeat.beat()
     for job_id in requeue_abandoned(conn, queues, me=name):
         say(f"job {job_id} was abandoned by a dead worker; handed to RQ to retry")
     heartbeat.start()
     try:
-        rq_worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
+        while True:
+            rq_worker = current[0]
+            try:
+                rq_worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
+            except RedisError as exc:  # RQ's teardown, against the Redis it lost
+                say(f"RQ's work loop ended on a Redis error: {exc}")
+            if burst or rq_worker.stop_requested:
+                break
+            say("RQ's work loop ended without a stop request; waiting for Redis to answer")
+            _wait_for_horse(rq_worker, say)
+            while True:
+                _await_redis(conn, say)
+                try:
+                    # RQ refuses a second live worker of one name: mark the old one dead.
+                    rq_worker.register_death()
+                    for job_id in requeue_abandoned(conn, queues, me=name, mine_too=True):
+                        say(f"job {job_id} ended while Redis was away; handed to RQ to retry")
+                    break
+                except RedisError as exc:
+                    say(f"Redis went away again: {exc}")
+            current[0] = new_worker()
+            say("Redis answers again; serving " + ", ".join(queues))
     finally:
         heartbeat.stopped.set()
-        withdraw(conn, name)
+        try:
+            withdraw(conn, name)
+        except RedisError as exc:  # it expires by itself
+            log.warning("could not withdraw the advert: %s", exc)
+
+
+def _wait_for_horse(rq_worker: Any, say: Callable[[str], None]) -> None:
+    """Let a build RQ's loop left running finish first: this host runs one build at a time."""
+    pid = int(rq_worker.horse_pid or 0)
+    if pid and _pid_alive(pid):
+        say(f"waiting for the build still running in process {pid}")
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # RQ reaped it already
+            pass
+
+
+class _Stop(Exception):
+    """A stop signal arrived while the worker waited for Redis."""
+
+
+def _await_redis(conn: Redis, say: Callable[[str], None]) -> None:
+    """Ping Redis under ``retry.WORKER_RECONNECT`` until it answers; a stop signal meanwhile
+    ends the worker (SystemExit), and so does Redis staying away past the policy."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise _Stop(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        WORKER_RECONNECT.run("ping Redis", conn.ping, say=say)
+    except _Stop as exc:
+        say(f"stopped by {exc} while waiting for Redis")
+        raise SystemExit(0) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
