@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flask import Blueprint, Response, jsonify, request, url_for
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailable
 
 from web import auth
@@ -45,6 +46,14 @@ def _job_id(job_id: str) -> str:
 def _no_store(resp: Response) -> Response:
     resp.headers["Cache-Control"] = "no-store"
     return resp
+
+
+@bp.get("/openapi.json")
+def openapi() -> Response:
+    """This API's OpenAPI description (``web/static/openapi.json``)."""
+    assert current_app.static_folder is not None
+    body = (Path(current_app.static_folder) / "openapi.json").read_bytes()
+    return Response(body, mimetype="application/json")
 
 
 @bp.post("/builds")

@@ -29,6 +29,17 @@ def make_app(redis_url: str, tmp_path: Path, **overrides: Any) -> Flask:
     return app
 
 
+def close_redis(app: Flask) -> None:
+    """Close the app's Redis connections now, not whenever the garbage collector gets to them
+    (a socket it reaches before its connection warns, and warnings are errors here)."""
+    with app.app_context():
+        from web.services import services
+
+        conn = services().redis
+        if conn is not None:
+            conn.close()
+
+
 def advertise_worker(conn: Redis, *, cuda: str = "12.8", machine: str = "x86_64",
                      name: str = "gpu-1", ttl: float = 120) -> WorkerAd:
     """Advertise a worker the way ``wheelhouse worker`` does (the fleet's real Redis keys)."""

@@ -14,9 +14,15 @@ from flask.testing import FlaskClient
 from werkzeug.test import TestResponse
 
 from tests.helpers import RedisProcess, make_wheel
-from tests.web.buildhelpers import GOOD, advertise_worker, bearer, csrf_of, sign_in
+from tests.web.buildhelpers import (
+    GOOD,
+    advertise_worker,
+    bearer,
+    close_redis,
+    csrf_of,
+    sign_in,
+)
 from web import create_app
-from web.services import services
 from wheelhouse.config import Config
 from wheelhouse.publish import publish
 from wheelhouse.redisclient import QueueClient, connect
@@ -53,10 +59,7 @@ def make(redis_proc: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Fla
 
     yield app
     for each in made:
-        with each.app_context():
-            conn = services().redis
-            assert conn is not None
-            conn.close()
+        close_redis(each)
 
 
 @pytest.fixture
