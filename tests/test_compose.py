@@ -73,6 +73,13 @@ def test_services_and_health(compose: dict[str, Any]) -> None:
     assert devices[0]["capabilities"] == ["gpu"]
 
 
+def test_the_web_healthcheck_is_liveness(compose: dict[str, Any]) -> None:
+    """A container healthcheck decides restarts: it must be /healthz, which a Redis or S3
+    outage doesn't fail, never /readyz, which it does (a restart wouldn't fix those)."""
+    probe = " ".join(compose["services"]["web"]["healthcheck"]["test"])
+    assert "/healthz" in probe and "/readyz" not in probe
+
+
 def test_commands_are_the_cli_the_tests_exercise(compose: dict[str, Any]) -> None:
     """Every wheelhouse command compose runs parses with the real CLI."""
     runner = CliRunner()
