@@ -132,7 +132,13 @@ def test_a_private_index_answers_503_not_401_while_tokens_cant_be_checked(
     client: FlaskClient = app.test_client()
     page = f"/{VARIANT}/simple/demo-ext/"
     assert client.get(page, headers=bearer(reader_token)).status_code == 200
+    signed_in = app.test_client()
+    sign_in(signed_in, create_token(conn, "browser", ("build", "read")))
     redis_proc.kill()
+    # Liveness asks nothing of Redis, whatever the request carries.
+    for who, headers in ((signed_in, {}), (client, bearer(reader_token)),
+                         (client, {"Authorization": "Basic !!"})):
+        assert who.get("/healthz", headers=headers).status_code == 200
     _is_503(client.get(page, headers=bearer(reader_token)), "a read with a token")
     _is_503(client.get("/matrix", headers=bearer(reader_token)), "a page with a token")
     # No credentials: nothing to check, so the usual challenge.
