@@ -18,6 +18,7 @@ from web.metrics import Metrics
 from web.readiness import Probe, Readiness
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
+from wheelhouse.redisconn import queue_client
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.upstream import Router
 
@@ -54,11 +55,9 @@ class Services:
         store = storage if storage is not None else open_storage(config)
         redis_conn = None
         if config.redis_url:
-            from wheelhouse.redisclient import connect
-
             # Short timeouts, and QueueUnavailable (503) instead of redis-py's errors: a page
             # must not hang or fail because the queue is down.
-            redis_conn = connect(config.redis_url)
+            redis_conn = queue_client(config)
         catalog = Catalog(store, config.catalog_refresh_seconds)
         return cls(
             config=config,

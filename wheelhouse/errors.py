@@ -66,7 +66,7 @@ class DamagedFile(StorageError):
 class QueueUnavailable(WheelhouseError, ConnectionError):
     """The build queue's Redis refused the connection, timed out or is still loading its data.
 
-    Raised by the clients :func:`wheelhouse.redisclient.connect` makes, for every command they
+    Raised by the clients :func:`wheelhouse.redisconn.queue_client` makes, for every command they
     send (ours and RQ's alike), so that callers never see a redis-py connection error; another
     attempt may succeed once Redis is back.
     """

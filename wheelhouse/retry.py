@@ -98,7 +98,7 @@ OOM_COMPILE = RetryPolicy(attempts=2)
 #: (connect and read). A dropped connection (Redis restarted since the pooled connection was
 #: made) is re-made once, at once; a timeout is not retried, so a hung Redis costs a request
 #: ``timeout`` seconds, not a multiple of it. redis-py does the retrying
-#: (``wheelhouse.redisclient``).
+#: (``wheelhouse.redisconn.queue_client``).
 QUEUE_COMMANDS = RetryPolicy(attempts=2, retry_on=(RedisConnectionError,), timeout=2.0)
 #: A worker whose Redis went away pings it until it answers, then serves again; after about
 #: 18 minutes it gives up and exits, for its supervisor to restart.

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tests.helpers import IndexURL, start_index
 from tests.web.buildhelpers import advertise_worker
 from wheelhouse.config import Config
-from wheelhouse.redisclient import connect
+from wheelhouse.redisconn import queue_client
 from wheelhouse.tokens import create_token
 
 #: Seconds a request may take before it counts as a hang.
@@ -113,7 +113,7 @@ TABLE: dict[str, bytes] = {
 def index(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[IndexURL]:
     tmp = tmp_path_factory.mktemp("raw-http")
     url = f"{redis_server}/14"
-    conn = connect(url)
+    conn = queue_client(Config(redis_url=url))
     conn.flushdb()
     advertise_worker(conn, ttl=3600)
     create_token(conn, "raw")

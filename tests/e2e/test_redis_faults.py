@@ -29,7 +29,7 @@ from tests.helpers import (
 from wheelhouse.config import Config
 from wheelhouse.fleet import live_workers
 from wheelhouse.publish import publish
-from wheelhouse.redisclient import connect
+from wheelhouse.redisconn import queue_client
 from wheelhouse.retry import QUEUE_COMMANDS
 from wheelhouse.storage import open_storage
 from wheelhouse.tokens import create_token
@@ -69,7 +69,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
         variant = parse_variant(VARIANT)
         publish(open_storage(config),
                 make_wheel(tmp / "w", "demo-ext", f"1.0+{variant.local_label}"), variant)
-        conn = connect(proc.url)
+        conn = queue_client(Config(redis_url=proc.url))
         tok = create_token(conn, "ops", ("build", "read"))
         from rq import Queue
 
@@ -203,7 +203,7 @@ def test_a_worker_survives_redis_restarts(tmp_path: Path) -> None:
         config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "work"),
                         redis_url=proc.url, upstream=upstream + "/simple/",
                         worker_heartbeat_seconds=1)
-        conn = connect(proc.url)
+        conn = queue_client(Config(redis_url=proc.url))
         tok = create_token(conn, "ops")
         auth = {"Authorization": f"Bearer {tok}"}
 

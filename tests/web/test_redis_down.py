@@ -25,7 +25,7 @@ from tests.web.buildhelpers import (
 from web import create_app
 from wheelhouse.config import Config
 from wheelhouse.publish import publish
-from wheelhouse.redisclient import QueueClient, connect
+from wheelhouse.redisconn import QueueClient, queue_client
 from wheelhouse.storage import open_storage
 from wheelhouse.tokens import create_token
 from wheelhouse.variants import parse_variant
@@ -64,7 +64,7 @@ def make(redis_proc: RedisProcess, tmp_path: Path) -> Iterator[Callable[..., Fla
 
 @pytest.fixture
 def conn(redis_proc: RedisProcess) -> Iterator[QueueClient]:
-    client = connect(redis_proc.url)
+    client = queue_client(Config(redis_url=redis_proc.url))
     yield client
     client.close()
 
