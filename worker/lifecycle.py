@@ -277,8 +277,11 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     heartbeat = _Heartbeat(conn, ad, float(config.worker_heartbeat_seconds),
                            lambda: current[0].get_current_job_id())
     heartbeat.beat()
-    for job_id in requeue_abandoned(conn, queues, me=name):
-        say(f"job {job_id} was abandoned by a dead worker; handed to RQ to retry")
+    try:
+        for job_id in requeue_abandoned(conn, queues, me=name):
+            say(f"job {job_id} was abandoned by a dead worker; handed to RQ to retry")
+    except RedisError as exc:  # the heartbeat looks again at every beat
+        say(f"abandoned-job check failed: {exc}")
     heartbeat.start()
     try:
         while True:
