@@ -30,11 +30,14 @@ class Probe:
     """One dependency's check, its deadline, and the last error seen."""
 
     def __init__(self, name: str, check: Callable[[], object], *, deadline: float,
-                 describe: Callable[[BaseException], str] = str) -> None:
+                 describe: Callable[[BaseException], str] = str,
+                 details: Callable[[], dict[str, object]] | None = None) -> None:
         self.name = name
         self.check = check
         self.deadline = deadline
         self.describe = describe
+        #: More to report (read without waiting: never a call to the dependency).
+        self.details = details
         self._lock = threading.Lock()
         self._done: threading.Event | None = None
         self._started = 0.0
@@ -83,13 +86,16 @@ class Probe:
                 self._last_error = CheckResult(error, time.time())
             last_error = self._last_error
             last_ok = self._last_ok
-        return {
+        report: dict[str, Any] = {
             "ok": error is None,
             "error": error,
             "last_ok": _iso(last_ok),
             "last_error": last_error.error if last_error is not None else None,
             "last_error_at": _iso(last_error.at if last_error is not None else None),
         }
+        if self.details is not None:
+            report.update(self.details())
+        return report
 
 
 def _iso(at: float | None) -> str | None:

@@ -18,6 +18,7 @@ from web.metrics import Metrics
 from web.readiness import Probe, Readiness
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
+from wheelhouse.errors import StorageUnavailable
 from wheelhouse.redisconn import queue_client
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.upstream import Router
@@ -88,13 +89,30 @@ READY_DEADLINE = 2.5
 
 def _readiness(storage: Storage, catalog: Catalog, redis: Redis | None) -> Readiness:
     probes = [Probe("storage", storage.ping, deadline=READY_DEADLINE),
-              # Re-reads the generation (and new records): the catalog this process serves
-              # from is as fresh as storage, or the error says why not.
-              Probe("catalog", catalog.refresh, deadline=READY_DEADLINE)]
+              Probe("catalog", lambda: _catalog_fresh(catalog), deadline=READY_DEADLINE,
+                    details=lambda: _catalog_details(catalog))]
     if redis is not None:
         probes.append(Probe("redis", redis.ping, deadline=READY_DEADLINE,
                             describe=lambda exc: f"{exc} ({exc.__cause__ or exc})"))
     return Readiness(probes)
+
+
+def _catalog_fresh(catalog: Catalog) -> None:
+    """Raise unless this process's catalog is as fresh as storage says (a refresh is started
+    if one is due; readers never wait on storage, and neither does this)."""
+    catalog.maybe_refresh()
+    state = catalog.state()
+    if not state.loaded:
+        raise StorageUnavailable(f"the catalog has not been read from storage yet: {state.error}")
+    if state.stale:
+        raise StorageUnavailable(f"the catalog is stale ({state.age:.0f} s since storage "
+                                 f"confirmed it): {state.error or 'its refresh hangs'}")
+
+
+def _catalog_details(catalog: Catalog) -> dict[str, object]:
+    state = catalog.state()
+    return {"age_seconds": round(state.age, 1), "generation": state.generation,
+            "files": state.files}
 
 
 def services() -> Services:

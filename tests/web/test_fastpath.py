@@ -193,7 +193,9 @@ def test_storage_down_at_start_up_answers_503_until_it_returns(
     app = create_app(app_config, storage=storage)  # does not raise
     client = app.test_client()
     assert client.get("/healthz").status_code == 200
-    assert isinstance(app.wsgi_app, CachedPages)  # every request below passes the fast path
+    guard = app.wsgi_app
+    assert isinstance(guard, RequestGuard)  # in front of the fast path, which every request
+    assert isinstance(guard.next, CachedPages)  # below passes
     page = f"/{VARIANT}/simple/demo-ext/"
     for path, accept in ((page, UV_ACCEPT), (page, "text/html"), (f"/{VARIANT}/simple/", ""),
                          (f"/files/{VARIANT}/{published[0].project}/{published[0].filename}",

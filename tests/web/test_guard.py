@@ -4,6 +4,7 @@ large, JSON nested too deeply. Each is a 4xx with a message, never a 500."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +14,17 @@ from flask.testing import FlaskClient
 from redis import Redis
 from werkzeug.test import EnvironBuilder
 
-from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, token
-from web import create_app
+from tests.web.buildhelpers import GOOD, advertise_worker, bearer, close_redis, make_app, token
 from web.guard import MAX_BODY, MAX_JSON_DEPTH, host_problem
-from wheelhouse.config import Config
 
 
 @pytest.fixture
-def app(tmp_path: Path) -> Flask:
-    """What is refused here doesn't depend on the storage: one kind is enough."""
-    return create_app(Config(storage=str(tmp_path / "data"), upstream="off"))
+def app(redis_url: str, tmp_path: Path) -> Iterator[Flask]:
+    """What is refused here doesn't depend on the storage: one kind is enough. A build queue,
+    so that the sign-in page (which builds URLs) is served."""
+    app = make_app(redis_url, tmp_path)
+    yield app
+    close_redis(app)
 
 
 @pytest.fixture
