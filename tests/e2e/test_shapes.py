@@ -185,9 +185,14 @@ def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
         status = _wait_built(url, a_build["id"], headers)
         assert status["state"] == "built", (status, (tmp_path / "a.log").read_text()[-3000:])
         assert build_job(conn, a_build["id"]).worker_name == "gpu-a"
+        # The catalog refreshes in the background: the gauge follows within a refresh.
+        deadline = time.monotonic() + 30
         metrics = requests.get(f"{url}/metrics", timeout=10).text
+        while "wheelhouse_catalog_files 1.0" not in metrics:
+            assert time.monotonic() < deadline, metrics
+            time.sleep(0.5)
+            metrics = requests.get(f"{url}/metrics", timeout=10).text
         assert 'wheelhouse_builds_ended_total{state="built"} 1.0' in metrics
-        assert "wheelhouse_catalog_files 1.0" in metrics
         assert 'wheelhouse_queue_depth{queue="build-cu130-x86_64"} 0.0' in metrics
         page = requests.get(f"{url}/{ROOT}/simple/cudaext/", timeout=10)
         assert WHEEL in page.text
