@@ -87,6 +87,30 @@ class Config:
     build_reserve_gib: float = 0.0
     """Memory kept free beside builds, in GiB; 0: max(8 GiB, 15%), scaled down on small hosts."""
 
+    build_sandbox: str = "on"
+    """``on``: builds run sandboxed (no sandbox, no builds); ``off``: unsandboxed, unsafe."""
+
+    build_sandbox_bwrap: str = "bwrap"
+    """The bubblewrap program that sandboxes builds: a name on ``PATH`` or a path."""
+
+    build_uid: int = 65533
+    """The user builds run as when the worker is root: an otherwise unused uid (not nobody's)."""
+
+    build_gid: int = 65533
+    """The group builds run as when the worker is root: an otherwise unused gid."""
+
+    build_disk_limit_gib: float = 50.0
+    """Most a build may write into its workspace, in GiB; killed past it (0: no cap)."""
+
+    sdist_max_mib: int = 2048
+    """Largest sdist archive a worker accepts, in MiB."""
+
+    sdist_max_members: int = 100_000
+    """Most files and directories an sdist archive may hold."""
+
+    sdist_max_unpacked_mib: int = 10_240
+    """Most an sdist may unpack to, in MiB (the sum of its members' sizes)."""
+
     build_on_miss: bool = False
     """Enqueue a build when an installer's Python has no wheel on a recipe project's page."""
 

@@ -122,6 +122,13 @@ class FailureKind(StrEnum):
     """The upstream index publishes no sha256 for the sdist, or the download does not match
     it: wheelhouse builds only source it can verify. Not retried."""
 
+    UNSAFE_ARCHIVE = "unsafe-archive"
+    """The sdist holds members that would land outside its directory (``..``, absolute paths,
+    links out of the tree), or is not a readable archive: not retried."""
+    TOO_LARGE = "too-large"
+    """The sdist, its unpacked tree or what the build wrote is over a configured limit: not
+    retried."""
+
     @property
     def retryable(self) -> bool:
         return self in (FailureKind.INFRASTRUCTURE, FailureKind.OOM)
@@ -148,3 +155,7 @@ class BuildFailed(WheelhouseError, RuntimeError):
         #: What the build had measured when it failed (seconds, reaped, governor pauses); set
         #: by the builder on the way out.
         self.facts: BuildFacts | None = None
+
+
+class SandboxUnavailable(WheelhouseError, RuntimeError):
+    """The build sandbox cannot be set up here; the worker must not run builds unsandboxed."""
