@@ -7,8 +7,10 @@ A build runs in its own session and carries a unique cookie in its environment
   (psutil's ``children()`` alone misses the descendants of a child that already exited),
 - members of the build's session (ninja puts each job in its own process group, not session),
 - the processes in the build's own cgroup v2, where a writable one exists,
-- any process of this user whose environment carries the build's cookie, which catches the ones
-  that escaped with ``setsid`` or a double fork.
+- any process of this user (or of the sandbox's build user) whose environment carries the
+  build's cookie, which catches the ones that escaped with ``setsid`` or a double fork,
+- every process in a PID namespace the build created (a sandbox), for as long as that
+  namespace's init lives; killing the init makes the kernel kill the rest.
 
 Nothing is ever matched by name: a neighbour's ``nvcc`` is not ours.
 """
@@ -135,6 +137,14 @@ def _environ_cookie(pid: int) -> str | None:
         return None
 
 
+def _pid_namespace(pid: int) -> str | None:
+    """``pid:[4026532177]``: which PID namespace a process lives in (None if unreadable)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def _getsid(pid: int) -> int | None:
     try:
         return os.getsid(pid)
@@ -246,14 +256,22 @@ class BuildProcess:
 
     def __init__(
         self, popen: subprocess.Popen[bytes], *, build_id: str, cgroup: Path | None,
-        started_at: float,
+        started_at: float, uids: Collection[int] = (),
     ) -> None:
         self._popen = popen
         self.pid = popen.pid
         self.build_id = build_id
         self.cgroup = cgroup
         """The build's own cgroup v2 directory, or None in the fallback."""
+        self.uids = frozenset({os.getuid(), *uids})
+        """Whose processes may carry the cookie: this user's, and a sandbox's build user's."""
         self._started_at = started_at
+        self._own_namespace = _pid_namespace(os.getpid())
+        # PID namespaces the build created: namespace -> its init (pid, create_time). Members
+        # are found by namespace only while that init lives, so a namespace id the kernel
+        # reuses after ours is gone never leads to another build's processes.
+        self._namespaces: dict[str, _Key] = {}
+        self._namespace_checked: set[_Key] = set()
         try:
             self._main_ctime: float | None = psutil.Process(self.pid).create_time()
         except psutil.Error:
@@ -268,11 +286,13 @@ class BuildProcess:
     def start(
         cls, argv: list[str], *, build_id: str, env: dict[str, str], cwd: Path,
         log_path: Path, memory_max: int | None = None, use_cgroup: bool = True,
+        uids: Collection[int] = (),
     ) -> BuildProcess:
         """Start argv in a new session, with the build id cookie, output appended to log_path.
 
         Uses a per-build cgroup v2 (and sets memory.max) where a writable one exists and the id
         is safe as a directory name; otherwise falls back to session/tree/cookie tracking.
+        ``uids``: other users the build's processes run as (``Sandbox.build_uids``).
         """
         if not argv:
             raise ValueError("empty argv")
@@ -294,7 +314,7 @@ class BuildProcess:
                 if cgroup is not None:
                     cgroups.remove(cgroup)
                 raise
-        return cls(popen, build_id=build_id, cgroup=cgroup, started_at=started_at)
+        return cls(popen, build_id=build_id, cgroup=cgroup, started_at=started_at, uids=uids)
 
     @property
     def returncode(self) -> int | None:
@@ -318,7 +338,6 @@ class BuildProcess:
     def _find(self) -> dict[_Key, _Proc]:
         table = _scan()
         me = os.getpid()
-        uid = os.getuid()
         roots: set[int] = set()
         for pid, ctime in list(self._known.items()):
             proc = table.get(pid)
@@ -329,23 +348,51 @@ class BuildProcess:
         if self.cgroup is not None:
             roots |= cgroups.pids(self.cgroup) & table.keys()
         by_session = self._session_usable(table)
+        namespaces = self._live_namespaces(table)
         oldest = self._started_at - _CTIME_SLACK
         for proc in table.values():
             if proc.pid in roots or proc.pid == me or proc.ctime < oldest:
                 continue  # anything older than the build cannot carry its session or cookie
             if by_session and _getsid(proc.pid) == self.pid:
                 roots.add(proc.pid)
-            elif proc.uid == uid and not proc.zombie and (
+            elif namespaces and _pid_namespace(proc.pid) in namespaces:
+                roots.add(proc.pid)
+            elif proc.uid in self.uids and not proc.zombie and (
                     _environ_cookie(proc.pid) == self.build_id):
                 roots.add(proc.pid)
         members = _closure(roots, table)
         members.discard(me)
+        self._note_namespaces(members, table)
         found: dict[_Key, _Proc] = {}
         for pid in members:
             proc = table[pid]
             found[(pid, proc.ctime)] = proc
             self._known[pid] = proc.ctime
         return found
+
+    def _live_namespaces(self, table: dict[int, _Proc]) -> set[str]:
+        live = set()
+        for ns, (pid, ctime) in list(self._namespaces.items()):
+            proc = table.get(pid)
+            if proc is not None and abs(proc.ctime - ctime) < 0.01 and not proc.zombie:
+                live.add(ns)
+            else:
+                del self._namespaces[ns]
+        return live
+
+    def _note_namespaces(self, members: set[int], table: dict[int, _Proc]) -> None:
+        """Remember the init of every PID namespace a member of the build created."""
+        for pid in members:
+            proc = table[pid]
+            key = (pid, proc.ctime)
+            if key in self._namespace_checked:
+                continue
+            self._namespace_checked.add(key)
+            ns = _pid_namespace(pid)
+            if ns is None or ns == self._own_namespace or ns in self._namespaces:
+                continue
+            if _pid_namespace(proc.ppid) != ns:  # its parent is outside: it is the init
+                self._namespaces[ns] = key
 
     def _reap(self, procs: dict[int, _Proc]) -> None:
         me = os.getpid()
@@ -455,16 +502,18 @@ def _ancestors(pid: int, table: dict[int, _Proc]) -> set[int]:
 
 def sweep_orphans(
     live_build_ids: Collection[str], *, id_prefix: str = "", grace: float = 5.0,
+    uids: Collection[int] = (),
 ) -> ReapReport:
     """Kill processes carrying ``BUILD_ID_ENV`` whose id is not in ``live_build_ids``.
 
     These are leftovers of a worker that was SIGKILLed or lost mid-build. Only processes of the
-    current user are considered, with their descendants, plus leftover per-build cgroups; never
-    anything by name. ``live_build_ids`` must hold every build running on this host, by any
-    worker. ``id_prefix`` restricts the sweep to build ids with that prefix (a fleet namespace).
+    current user (and of ``uids``, a sandbox's build user) are considered, with their
+    descendants, plus leftover per-build cgroups; never anything by name. ``live_build_ids``
+    must hold every build running on this host, by any worker. ``id_prefix`` restricts the
+    sweep to build ids with that prefix (a fleet namespace).
     """
     live = set(live_build_ids)
-    uid = os.getuid()
+    owners = {os.getuid(), *uids}
     me = os.getpid()
 
     def stale(build_id: str | None) -> bool:
@@ -487,7 +536,7 @@ def sweep_orphans(
         for cg in stale_groups:
             roots |= cgroups.pids(cg)
         for proc in table.values():
-            if proc.uid == uid and not proc.zombie and stale(_environ_cookie(proc.pid)):
+            if proc.uid in owners and not proc.zombie and stale(_environ_cookie(proc.pid)):
                 roots.add(proc.pid)
         members = _closure(roots, table) - protected
         return {(pid, table[pid].ctime): table[pid] for pid in members}
