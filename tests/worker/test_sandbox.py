@@ -1,0 +1,486 @@
+"""The build sandbox: a hostile sdist built inside it learns, reaches and leaves nothing.
+
+The hostile fixture (tests/fixtures/hostile) is built with a real ``pip wheel`` inside
+:class:`worker.sandbox.Sandbox`, under :class:`worker.reaper.BuildProcess` as the worker runs
+builds, while canary secrets sit in this test's environment (as in a worker's), in files, in the
+workspace root, in the storage directory and in a fake worker process's environment and command
+line; a real redis-server, moto's S3 server and a counting listener on the host wait for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from tests.helpers import make_venv
+from tests.worker.conftest import FIXTURES, make_sdist
+from tests.worker.test_governor import JobStates
+from wheelhouse.buildspec import FailureKind
+from wheelhouse.config import Config
+from wheelhouse.errors import BuildFailed
+from worker.governor import MemoryGovernor
+from worker.reaper import BUILD_ID_ENV, BuildProcess
+from worker.sandbox import DiskQuota, Layout, Sandbox, python_prefix, startup_check, take_wheel
+from worker.sdist import unpack
+
+HOSTILE_SDIST = FIXTURES / "hostile"
+HOSTILE_SCRIPTS = Path(__file__).resolve().parent / "hostile"
+IS_ROOT = os.geteuid() == 0
+MiB = 1 << 20
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                reason="bubblewrap is not installed (apt-get install bubblewrap)")
+
+
+class Listener:
+    """A TCP listener on every host address that counts the connections it accepts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("0.0.0.0", 0))  # reachable on every address
+        self.sock.listen(16)
+        self.port: int = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        self._thread.join(timeout=5)
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    server = Listener()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _host_addresses() -> list[str]:
+    """This host's IPv4 addresses besides loopback (a build must reach none of them)."""
+    found = []
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            if addr.family == socket.AF_INET and not addr.address.startswith("127."):
+                found.append(addr.address)
+    return found
+
+
+@pytest.fixture(scope="module")
+def build_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a venv with pip and setuptools, made outside the sandbox as the worker
+    makes it."""
+    return make_venv(tmp_path_factory.mktemp("build-venv") / "venv")
+
+
+@pytest.fixture
+def sandbox() -> Sandbox:
+    made = Sandbox.from_config(Config())
+    assert made is not None
+    return made
+
+
+class Workspace:
+    """One build's workspace, laid out as the worker lays it out."""
+
+    def __init__(self, root: Path, python: Path) -> None:
+        self.root = root
+        self.python = python
+        self.src = root / "src"
+        self.dist = root / "dist"
+        self.log = root / "build.log"
+        prefix = python_prefix(python)
+        read_only = [python.parent.parent, *([prefix] if prefix else [])]
+        self.layout = Layout.in_workspace(root, read_only=read_only,
+                                          writable=[self.src, self.dist])
+
+    def env(self, sandbox: Sandbox) -> dict[str, str]:
+        base = {"PATH": f"{self.python.parent}:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
+                "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                "PIP_NO_INDEX": "1"}
+        return sandbox.environment(base, self.layout)
+
+    def start(self, sandbox: Sandbox, argv: list[str], *, cwd: Path | None = None,
+              network: bool = False, extra_env: dict[str, str] | None = None) -> BuildProcess:
+        sandbox.prepare(self.layout)
+        cwd = cwd or self.layout.home
+        return BuildProcess.start(
+            sandbox.wrap(argv, layout=self.layout, cwd=cwd, network=network),
+            build_id=f"test-sandbox-{uuid.uuid4().hex[:8]}",
+            env={**self.env(sandbox), **(extra_env or {})}, cwd=cwd, log_path=self.log,
+            uids=sandbox.build_uids)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, build_python: Path) -> Workspace:
+    root = tmp_path / "work" / "build-1"
+    root.mkdir(parents=True)
+    return Workspace(root, build_python)
+
+
+def _namespace(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def _in_namespace(ns: str) -> list[int]:
+    pids = []
+    for proc in psutil.process_iter():
+        try:
+            if _namespace(proc.pid) == ns and proc.status() != psutil.STATUS_ZOMBIE:
+                pids.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return pids
+
+
+def _sandbox_namespace(build: BuildProcess, timeout: float = 10.0) -> str:
+    """The PID namespace the sandbox created, seen from here."""
+    mine = _namespace(os.getpid())
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for proc in build.processes():
+            try:
+                ns = _namespace(proc.pid)
+            except OSError:
+                continue
+            if ns != mine:
+                return ns
+        time.sleep(0.05)
+    raise AssertionError("the sandbox's PID namespace did not appear")
+
+
+# --- the hostile sdist ----------------------------------------------------------------------
+
+
+def test_a_hostile_sdist_learns_nothing_reaches_nothing_and_writes_nothing_outside(
+    tmp_path: Path, workspace: Workspace, sandbox: Sandbox, redis_url: str, s3_config: Config,
+    listener: Listener, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    canaries = {name: f"canary-{name}-{uuid.uuid4().hex}" for name in (
+        "env", "redis-password", "secret-key", "aws-file", "storage", "workspace-root",
+        "worker-env", "worker-argv")}
+    # The worker's own secrets, where a worker has them.
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", canaries["env"])
+    monkeypatch.setenv("WHEELHOUSE_REDIS_URL", f"redis://:{canaries['redis-password']}@h/0")
+    monkeypatch.setenv("WHEELHOUSE_SECRET_KEY", canaries["secret-key"])
+    worker_home = tmp_path / "worker-home"
+    (worker_home / ".aws").mkdir(parents=True)
+    (worker_home / ".aws" / "credentials").write_text(
+        f"[default]\naws_secret_access_key = {canaries['aws-file']}\n")
+    monkeypatch.setenv("HOME", str(worker_home))
+    storage = tmp_path / "data"
+    storage.mkdir()
+    (storage / "wheel-record.json").write_text(canaries["storage"])
+    work_root = workspace.root.parent
+    private_redis = work_root / "redis"  # the single-box shape's private Redis
+    private_redis.mkdir()
+    (private_redis / "appendonly.aof").write_text(canaries["workspace-root"])
+    fake_worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)",
+         f"--token={canaries['worker-argv']}"],
+        env={**os.environ, "WORKER_SECRET": canaries["worker-env"]})
+    outside_tmp = Path("/tmp") / f"hostile-{uuid.uuid4().hex}"
+    writes = [worker_home / "hostile", storage / "hostile", private_redis / "hostile",
+              workspace.root / "hostile", workspace.python.parent / "hostile", tmp_path / "hostile",
+              outside_tmp]
+
+    redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    s3_port = int(str(s3_config.s3_endpoint_url).rsplit(":", 1)[1])
+    targets = {
+        "read": [str(worker_home / ".aws" / "credentials"), str(storage / "wheel-record.json"),
+                 str(private_redis / "appendonly.aof"), str(private_redis), str(storage),
+                 str(work_root), f"/proc/{fake_worker.pid}/environ",
+                 f"/proc/{os.getpid()}/environ"],
+        "connect": [["redis", "127.0.0.1", redis_port], ["s3", "127.0.0.1", s3_port],
+                    ["listener", "127.0.0.1", listener.port],
+                    *[["listener", addr, listener.port] for addr in _host_addresses()],
+                    ["public", "1.1.1.1", 443]],
+        "kill": [fake_worker.pid, os.getpid()],
+        "write": [str(p) for p in writes],
+    }
+    sdist = make_sdist(HOSTILE_SDIST, tmp_path / "sdist", "hostile", "0.1.0")
+    src = unpack(sdist, workspace.src)
+    (src / "targets.json").write_text(json.dumps(targets))
+    server = redis.Redis.from_url(redis_url)
+    connections_before = server.info("stats")["total_connections_received"]
+    from wheelhouse.storage import make_s3_client
+
+    s3 = make_s3_client(s3_config)
+    buckets_before = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+
+    try:
+        build = workspace.start(sandbox, [str(workspace.python), "-m", "pip", "wheel",
+                                          "--no-build-isolation", "--no-deps", "-v",
+                                          "-w", str(workspace.dist), str(src)], cwd=src)
+        outcome = build.wait(deadline=time.monotonic() + 300)
+        log = workspace.log.read_text(errors="replace")
+        assert outcome.returncode == 0, log[-3000:]
+        assert fake_worker.poll() is None, "the build killed a process outside its sandbox"
+    finally:
+        fake_worker.kill()
+        fake_worker.wait()
+
+    wheel = take_wheel(workspace.dist, tmp_path / "out")
+    with zipfile.ZipFile(wheel) as zf:
+        packed = {name: zf.read(name) for name in zf.namelist()}
+    findings = json.loads(packed["hostile/findings.json"])
+
+    # It ran and it looked: the test is only as good as the attempts it saw fail.
+    assert findings["files"] and findings["proc"] and len(findings["connections"]) >= 4
+    everything = log.encode() + b"".join(packed.values()) + wheel.read_bytes()
+    for name, canary in canaries.items():
+        assert canary.encode() not in everything, f"the build saw the {name} canary"
+    # Its own view: a handful of its own processes, none of the worker's.
+    visible = {key.split("/")[2] for key in findings["proc"]}
+    assert len(visible) < 15, visible
+    assert all(text.startswith("denied") for path, text in findings["files"].items()
+               if path in targets["read"] and not path.startswith(("/proc/", str(work_root)))
+               ), findings["files"]
+    # The workspace root exists inside only as the empty parent of this build's mounts.
+    assert findings["files"][str(work_root)] == f"dir: {workspace.root.name}"
+    if IS_ROOT:
+        assert findings["identity"]["uid"] == sandbox.uid
+        assert findings["identity"]["gid"] == sandbox.gid
+        assert findings["identity"]["groups"] in ([], [sandbox.gid])
+        assert "CapEff:\t0000000000000000" in findings["identity"]["status"]
+    assert findings["identity"]["home"] == str(workspace.layout.home)
+    assert not [d for d in findings["dev"] if d.startswith("nvidia")]
+    # No connection got anywhere.
+    assert all(result.startswith("failed") for result in findings["connections"].values()), \
+        findings["connections"]
+    assert listener.accepted == 0
+    assert server.info("stats")["total_connections_received"] == connections_before
+    assert server.get("hostile-was-here") is None
+    assert {b["Name"] for b in s3.list_buckets()["Buckets"]} == buckets_before
+    for bucket in buckets_before:
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+        assert not [key for key in keys if "hostile" in key]
+    # No signal reached anything outside.
+    assert all(result.startswith("failed") for pid, result in findings["signals"].items()
+               if "probe" not in pid), findings["signals"]
+    # Nothing written outside its writable paths.
+    assert all(not path.exists() for path in writes), [p for p in writes if p.exists()]
+    assert all(result.startswith("failed") for path, result in findings["writes"].items()
+               if path != str(outside_tmp)), findings["writes"]
+
+
+def test_network_opt_in_shares_the_host_network(
+    workspace: Workspace, sandbox: Sandbox, listener: Listener,
+) -> None:
+    """What a recipe's network opt-in means: the host's addresses are reachable (documented)."""
+    code = f"import socket; socket.create_connection(('127.0.0.1', {listener.port}), 5).close()"
+    for network, expected_rc, accepted in ((False, 1, 0), (True, 0, 1)):
+        build = workspace.start(sandbox, [str(workspace.python), "-c", code], network=network)
+        outcome = build.wait(deadline=time.monotonic() + 60)
+        assert outcome.returncode == expected_rc, workspace.log.read_text()
+        assert listener.accepted == accepted
+
+
+# --- fail closed ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def failing_bwrap(tmp_path: Path) -> Path:
+    """A bubblewrap that fails the way a container without the privileges makes it fail."""
+    path = tmp_path / "bin" / "bwrap"
+    path.parent.mkdir()
+    path.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: "
+                    "Operation not permitted' >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize(("setting", "reason"), [
+    ("missing", "bubblewrap ('/nonexistent/bwrap') is not installed"),
+    ("failing", "Creating new namespace failed: Operation not permitted"),
+    ("mode", "WHEELHOUSE_BUILD_SANDBOX must be on or off"),
+])
+def test_the_check_fails_closed_with_one_line(
+    tmp_path: Path, failing_bwrap: Path, setting: str, reason: str,
+) -> None:
+    overrides: dict[str, object] = {
+        "missing": {"build_sandbox_bwrap": "/nonexistent/bwrap"},
+        "failing": {"build_sandbox_bwrap": str(failing_bwrap)},
+        "mode": {"build_sandbox": "maybe"},
+    }[setting]
+    config = Config(workspace=str(tmp_path / "work"), **overrides)  # type: ignore[arg-type]
+
+    why = startup_check(config)
+
+    assert why is not None and reason in why
+    assert "\n" not in why and len(why) < 400
+
+
+def test_the_check_passes_where_the_sandbox_works_and_cleans_up(tmp_path: Path) -> None:
+    config = Config(workspace=str(tmp_path / "work"))
+    assert startup_check(config) is None
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_only_off_runs_unsandboxed(tmp_path: Path) -> None:
+    assert Sandbox.from_config(Config(build_sandbox="off")) is None
+    assert startup_check(Config(build_sandbox="off", build_sandbox_bwrap="/nonexistent")) is None
+    assert isinstance(Sandbox.from_config(Config()), Sandbox)
+    assert Config.from_env({}).build_sandbox == "on"
+    if IS_ROOT:
+        with pytest.raises(ValueError, match="not 0"):
+            Sandbox.from_config(Config(build_uid=0))
+
+
+# --- supervision inside the sandbox ---------------------------------------------------------
+
+
+def test_the_reaper_kills_a_sandboxed_tree_with_a_setsid_double_fork(
+    tmp_path: Path, workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    pid_dir = workspace.root / "pids"
+    layout = workspace.layout
+    workspace.layout = Layout(home=layout.home, tmp=layout.tmp,
+                              read_only=(*layout.read_only, HOSTILE_SCRIPTS),
+                              writable=(*layout.writable, pid_dir))
+    tree = ("import os, subprocess, sys, time\n"
+            f"scripts = {str(HOSTILE_SCRIPTS)!r}\n"
+            "for args in (['double_fork.py', '--clear-env'], ['sleeper.py', 'ignorer', "
+            "'--ignore-term'], ['pgroup_jobs.py', '2']):\n"
+            "    subprocess.Popen([sys.executable, os.path.join(scripts, args[0]), *args[1:]])\n"
+            "time.sleep(1000)\n")
+    build = workspace.start(sandbox, [str(workspace.python), "-c", tree],
+                            extra_env={"HOSTILE_PIDS": str(pid_dir)})
+    ns = _sandbox_namespace(build)
+    end = time.monotonic() + 20
+    while not any(p.name.startswith("escaped-noenv") for p in pid_dir.iterdir()):
+        assert time.monotonic() < end, workspace.log.read_text()
+        time.sleep(0.05)
+    inside = _in_namespace(ns)
+    escapee = next(pid for pid in inside
+                   if psutil.Process(pid).cmdline()[:1] == ["sleep"]
+                   and BUILD_ID_ENV not in psutil.Process(pid).environ())
+    assert os.getsid(escapee) != build.pid  # neither its session nor its cookie lead to it
+    if IS_ROOT:
+        assert psutil.Process(escapee).uids().real == sandbox.uid
+
+    outcome = build.wait(deadline=time.monotonic(), grace=0.5)
+
+    assert outcome.timed_out and outcome.reap is not None and outcome.reap.survivors == 0
+    assert _in_namespace(ns) == []
+    assert not psutil.pid_exists(escapee) or psutil.Process(escapee).status() == "zombie"
+    assert build.processes() == []
+
+
+def test_the_governor_sees_and_pauses_sandboxed_compile_jobs(
+    workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    layout = workspace.layout
+    workspace.layout = Layout(home=layout.home, tmp=layout.tmp,
+                              read_only=(*layout.read_only, HOSTILE_SCRIPTS),
+                              writable=layout.writable)
+    # As in test_governor: four 200 MiB jobs in their own process groups, a 600 MiB budget.
+    build = workspace.start(sandbox, [str(workspace.python), str(HOSTILE_SCRIPTS / "hog_jobs.py"),
+                                      "4", "200", "2", "0.3"])
+    budget = 600 * MiB
+    governor = MemoryGovernor(build, budget_bytes=budget, low_watermark=150 * MiB,
+                              high_watermark=250 * MiB)
+    states = JobStates(build, governor)
+
+    outcome = build.wait(deadline=time.monotonic() + 60, on_tick=states.tick, tick=0.1)
+
+    assert outcome.returncode == 0, workspace.log.read_text()
+    assert governor.pauses >= 1 and governor.resumes == governor.pauses
+    assert max(stopped for _, stopped in states.samples) >= 1
+    assert all(running >= 1 for running, _ in states.samples)
+    assert len(governor.job_peaks) == 4
+    assert all(peak >= 200 * MiB for peak in governor.job_peaks)
+
+
+# --- limits and what leaves ---------------------------------------------------------------
+
+
+def test_the_disk_quota_kills_a_build_that_writes_too_much(
+    workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    code = (f"import time\nwith open({str(workspace.dist / 'fill')!r}, 'wb') as f:\n"
+            "    for _ in range(64):\n        f.write(b'x' * (1 << 20)); f.flush()\n"
+            "time.sleep(1000)\n")
+    build = workspace.start(sandbox, [str(workspace.python), "-c", code])
+    quota = DiskQuota(workspace.layout.all_writable, 16 * MiB, every=0.1)
+
+    with pytest.raises(BuildFailed) as failed:
+        build.wait(deadline=time.monotonic() + 60, on_tick=quota.check, tick=0.1, grace=0.2)
+
+    assert failed.value.kind == FailureKind.TOO_LARGE
+    assert "WHEELHOUSE_BUILD_DISK_LIMIT_GIB" in failed.value.reason
+    assert quota.peak > 16 * MiB
+    assert build.processes() == []
+
+
+def test_disk_quota_counts_hard_links_once_and_follows_no_link(tmp_path: Path) -> None:
+    data = tmp_path / "w"
+    data.mkdir()
+    (data / "a").write_bytes(b"x" * MiB)
+    os.link(data / "a", data / "b")
+    (data / "link").symlink_to("/usr")
+    quota = DiskQuota([data], 10 * MiB)
+    assert MiB <= quota.usage() < 2 * MiB
+
+
+def test_take_wheel_copies_one_regular_file_and_refuses_links_and_fifos(
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "credentials"
+    secret.write_text("secret")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "a-1.0-py3-none-any.whl").symlink_to(secret)
+    with pytest.raises(BuildFailed, match="not a regular file"):
+        take_wheel(dist, tmp_path / "out")
+    (dist / "a-1.0-py3-none-any.whl").unlink()
+    os.mkfifo(dist / "a-1.0-py3-none-any.whl")
+    with pytest.raises(BuildFailed, match="not a regular file"):
+        take_wheel(dist, tmp_path / "out")
+    (dist / "a-1.0-py3-none-any.whl").unlink()
+    (dist / "a-1.0-py3-none-any.whl").write_bytes(b"PK")
+    taken = take_wheel(dist, tmp_path / "out")
+    assert taken.read_bytes() == b"PK" and taken.parent == tmp_path / "out"
+    assert stat.S_ISREG(os.lstat(taken).st_mode)
+    (dist / "b-1.0-py3-none-any.whl").write_bytes(b"PK")
+    with pytest.raises(BuildFailed, match="2 wheels"):
+        take_wheel(dist, tmp_path / "out2")
+
+
+def test_prepare_gives_the_writable_paths_to_the_build_user(
+    workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    workspace.src.mkdir()
+    (workspace.src / "setup.py").write_text("")
+    (workspace.src / "link").symlink_to("/etc/passwd")
+    sandbox.prepare(workspace.layout)
+    for path in (workspace.src, workspace.src / "setup.py", workspace.dist,
+                 workspace.layout.home, workspace.layout.tmp):
+        assert os.lstat(path).st_uid == (sandbox.uid if IS_ROOT else os.getuid())
+    assert Path("/etc/passwd").stat().st_uid == 0  # the link was not followed
