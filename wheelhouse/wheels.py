@@ -12,13 +12,15 @@ import io
 import os
 import re
 import shutil
+import stat
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from email.parser import BytesParser
 from pathlib import Path
 
-from packaging.tags import Tag
+from packaging.tags import Tag, parse_tag
 from packaging.utils import (
     InvalidWheelFilename,
     NormalizedName,
@@ -220,3 +222,147 @@ def _set_version(metadata: bytes, version: Version) -> bytes:
             lines[i] = b"Version: " + str(version).encode() + eol
             return b"\n".join(lines)
     raise InvalidWheel("METADATA has no Version header")
+
+
+#: RECORD hash algorithms a wheel may use: sha256 or stronger (PEP 376, the wheel spec).
+RECORD_HASHES = frozenset({"sha256", "sha384", "sha512"})
+MAX_UNPACKED_BYTES = 32 * 1024**3
+"""The most a wheel may unpack to before validation refuses to read it through."""
+_SIGNATURES = ("RECORD.jws", "RECORD.p7s")
+
+
+def validate_wheel(
+    path: Path, expected_name: str, expected_version: Version,
+    accepts_tags: Callable[[frozenset[Tag]], bool], *,
+    max_unpacked_bytes: int = MAX_UNPACKED_BYTES,
+) -> WheelName:
+    """Check a built wheel before it is published; raise :class:`InvalidWheel` with one line.
+
+    What a build leaves behind is untrusted: the file must be a regular file and a well-formed
+    zip whose member names stay inside the install tree (no absolute paths, ``..``,
+    backslashes, links or devices, no name twice); RECORD must list every member with a
+    matching hash and size; METADATA's name and version and WHEEL's tags must agree with the
+    file name; and the file name must be the expected project and version with tags that
+    ``accepts_tags`` (e.g. ``BuildSpec.tags_match``) accepts.
+    """
+    name = parse_name(path.name)
+    where = name.filename
+    if name.project != canonicalize_name(expected_name):
+        raise InvalidWheel(f"{where}: built project {name.project}, expected "
+                           f"{canonicalize_name(expected_name)}")
+    if name.version != expected_version:
+        raise InvalidWheel(f"{where}: built version {name.version}, expected {expected_version}")
+    if not accepts_tags(name.tags):
+        tags = ", ".join(sorted(str(t) for t in name.tags))
+        raise InvalidWheel(f"{where}: tags {tags} are not the ones this build must produce")
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise InvalidWheel(f"{where}: not a regular file")
+    try:
+        with zipfile.ZipFile(path) as zf:
+            _validate_contents(zf, name, max_unpacked_bytes)
+    except zipfile.BadZipFile as exc:
+        raise InvalidWheel(f"{where}: not a well-formed zip ({' '.join(str(exc).split())})"
+                           ) from None
+    return name
+
+
+def _validate_contents(zf: zipfile.ZipFile, name: WheelName, max_unpacked: int) -> None:
+    where = name.filename
+    infos = zf.infolist()
+    seen: set[str] = set()
+    for info in infos:
+        _check_member_name(where, info.filename)
+        if info.filename in seen:
+            raise InvalidWheel(f"{where}: member {info.filename[:120]!r} appears twice")
+        seen.add(info.filename)
+        kind = stat.S_IFMT(info.external_attr >> 16)
+        if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+            what = "a symbolic link" if kind == stat.S_IFLNK else "a special file"
+            raise InvalidWheel(f"{where}: member {info.filename[:120]!r} is {what}")
+    if sum(info.file_size for info in infos) > max_unpacked:
+        raise InvalidWheel(f"{where}: unpacks to more than {max_unpacked // 1024**3} GiB")
+    try:
+        info_dir = _dist_info_dir(zf)
+    except InvalidWheel as exc:
+        raise InvalidWheel(f"{where}: {exc}") from None
+    dist, _, version = info_dir.removesuffix(".dist-info").partition("-")
+    try:
+        dir_version = Version(version)
+    except InvalidVersion:
+        dir_version = None
+    if canonicalize_name(dist) != name.project or dir_version != name.version:
+        raise InvalidWheel(f"{where}: its .dist-info directory {info_dir[:120]!r} names "
+                           "another project or version")
+    try:
+        meta = parse_metadata(zf.read(f"{info_dir}/METADATA"))
+        wheel = BytesParser().parsebytes(zf.read(f"{info_dir}/WHEEL"), headersonly=True)
+        record = zf.read(f"{info_dir}/RECORD").decode("utf-8")
+    except KeyError as exc:
+        raise InvalidWheel(f"{where}: {exc.args[0]}") from None
+    except UnicodeDecodeError:
+        raise InvalidWheel(f"{where}: RECORD is not UTF-8") from None
+    if canonicalize_name(meta.name) != name.project:
+        raise InvalidWheel(f"{where}: METADATA names project {meta.name[:80]!r}")
+    if meta.version != name.version:
+        raise VersionMismatch(f"{where}: METADATA says version {meta.version}, the file name "
+                              f"{name.version}")
+    if not str(wheel.get("Wheel-Version", "")).startswith("1."):
+        raise InvalidWheel(f"{where}: WHEEL has no Wheel-Version 1.x")
+    try:
+        wheel_tags = {t for value in wheel.get_all("Tag", []) for t in parse_tag(str(value))}
+    except ValueError:
+        raise InvalidWheel(f"{where}: WHEEL has a malformed Tag") from None
+    if wheel_tags != set(name.tags):
+        tags = ", ".join(sorted(str(t) for t in wheel_tags)) or "none"
+        raise InvalidWheel(f"{where}: WHEEL says tags {tags}, the file name does not")
+    _check_record(zf, where, info_dir, record)
+
+
+def _check_member_name(where: str, member: str) -> None:
+    parts = member.split("/")
+    if (not member or member.startswith("/") or "\\" in member or "\0" in member
+            or ".." in parts or ":" in parts[0]):
+        raise InvalidWheel(f"{where}: member name {member[:120]!r} escapes the install tree")
+
+
+def _check_record(zf: zipfile.ZipFile, where: str, info_dir: str, record: str) -> None:
+    listed: dict[str, tuple[str, str]] = {}
+    try:
+        rows = list(csv.reader(io.StringIO(record)))
+    except csv.Error:
+        raise InvalidWheel(f"{where}: RECORD is not CSV") from None
+    for row in rows:
+        if not row:
+            continue
+        if len(row) != 3:
+            raise InvalidWheel(f"{where}: RECORD has a row of {len(row)} fields")
+        member, digest, size = row
+        _check_member_name(where, member)
+        if member in listed:
+            raise InvalidWheel(f"{where}: RECORD lists {member[:120]!r} twice")
+        listed[member] = (digest, size)
+    unsigned = {f"{info_dir}/RECORD", *(f"{info_dir}/{sig}" for sig in _SIGNATURES)}
+    members = {info.filename: info for info in zf.infolist() if not info.is_dir()}
+    for member in listed:
+        if member not in members:
+            raise InvalidWheel(f"{where}: RECORD lists {member[:120]!r}, which is not in the wheel")
+    for member, info in members.items():
+        if member in unsigned:
+            continue
+        if member not in listed:
+            raise InvalidWheel(f"{where}: {member[:120]!r} is not in RECORD")
+        digest, size = listed[member]
+        algorithm, _, expected = digest.partition("=")
+        if algorithm not in RECORD_HASHES:
+            raise InvalidWheel(f"{where}: RECORD hashes {member[:120]!r} with "
+                               f"{algorithm[:20] or 'nothing'}, not sha256 or stronger")
+        h = hashlib.new(algorithm)
+        length = 0
+        with zf.open(info) as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+                length += len(chunk)
+        actual = base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+        if actual != expected or str(length) != size:
+            raise InvalidWheel(f"{where}: {member[:120]!r} does not match its RECORD hash "
+                               "and size")

@@ -7,9 +7,12 @@ import csv
 import hashlib
 import io
 import shutil
+import stat
 import subprocess
 import time
+import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,7 @@ from wheelhouse.wheels import (
     read_metadata,
     relabel,
     sha256_file,
+    validate_wheel,
 )
 
 FLASH_DEFECT = "flash_attn-2.8.3+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl"
@@ -451,3 +455,162 @@ def test_uv_installs_relabelled_wheel_with_data(tmp_path: Path) -> None:
     ran = subprocess.run([str(python.parent / "uv-data-pkg-hello")], capture_output=True,
                          text=True, check=True, timeout=60)
     assert ran.stdout.strip() == "hello from uv"
+
+
+# --- validating what a build produced -------------------------------------------------------
+
+CP311 = Tag("cp311", "cp311", "linux_x86_64")
+
+
+def _accepts_cp311(tags: frozenset[Tag]) -> bool:
+    return CP311 in tags
+
+
+def _record(files: dict[str, bytes], info: str) -> bytes:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow((path, f"sha256={digest}", len(data)))
+    writer.writerow((f"{info}/RECORD", "", ""))
+    return out.getvalue().encode()
+
+
+Members = list[tuple[str, bytes, int]]
+"""(name, data, unix mode) of every member but RECORD."""
+
+
+def _tampered(tmp_path: Path, edit: Callable[[Members], Members | None] | None = None, *,
+              record: Callable[[bytes], bytes] | None = None, name: str | None = None,
+              after: Callable[[Members], Members] | None = None) -> Path:
+    """A valid cp311 wheel from make_wheel, with ``edit`` applied before RECORD is written,
+    ``after`` applied after (so RECORD no longer matches) and ``record`` rewriting RECORD."""
+    base = make_wheel(tmp_path / "base", "demo", "1.0", tag="cp311-cp311-linux_x86_64")
+    info = "demo-1.0.dist-info"
+    with zipfile.ZipFile(base) as zf:
+        members: Members = [(n, zf.read(n), 0o644) for n in zf.namelist()
+                            if n != f"{info}/RECORD"]
+    members = (edit(members) if edit else None) or members
+    data = _record({n: d for n, d, _ in members}, info)
+    if record is not None:
+        data = record(data)
+    members = (after(members) if after else members) + [(f"{info}/RECORD", data, 0o644)]
+    out = tmp_path / "out" / (name or base.name)
+    out.parent.mkdir(exist_ok=True)
+    with zipfile.ZipFile(out, "w") as zf, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # zipfile warns of the duplicate we want
+        for member, content, mode in members:
+            zi = zipfile.ZipInfo(member)
+            zi.external_attr = mode << 16
+            zf.writestr(zi, content)
+    return out
+
+
+def _replace(members: Members, old: str, new: tuple[str, bytes, int]) -> Members:
+    return [new if n == old else (n, d, m) for n, d, m in members]
+
+
+def _metadata(text: str) -> Callable[[Members], Members]:
+    return lambda ms: _replace(ms, "demo-1.0.dist-info/METADATA",
+                               ("demo-1.0.dist-info/METADATA", text.encode(), 0o644))
+
+
+TAMPERED: list[tuple[str, Callable[[Path], Path], str]] = [
+    ("content-changed", lambda t: _tampered(t, after=lambda ms: _replace(
+        ms, "demo/__init__.py", ("demo/__init__.py", b"import os; os.system('x')\n", 0o644))),
+     "'demo/__init__.py' does not match its RECORD hash and size"),
+    ("size-wrong", lambda t: _tampered(t, record=_bump_first_size),
+     "'demo/__init__.py' does not match its RECORD hash and size"),
+    ("unrecorded-member", lambda t: _tampered(t, after=lambda ms: [
+        *ms, ("demo/backdoor.py", b"x", 0o644)]), "'demo/backdoor.py' is not in RECORD"),
+    ("recorded-but-missing", lambda t: _tampered(t, record=lambda r: r + b"demo/gone.py,,\n"),
+     "RECORD lists 'demo/gone.py', which is not in the wheel"),
+    ("md5", lambda t: _tampered(t, record=lambda r: r.replace(b"sha256=", b"md5=")),
+     "with md5, not sha256 or stronger"),
+    ("dotdot", lambda t: _tampered(t, lambda ms: [*ms, ("demo/../../evil.py", b"x", 0o644)]),
+     "member name 'demo/../../evil.py' escapes the install tree"),
+    ("absolute", lambda t: _tampered(t, lambda ms: [*ms, ("/etc/evil", b"x", 0o644)]),
+     "member name '/etc/evil' escapes the install tree"),
+    ("backslash", lambda t: _tampered(t, lambda ms: [*ms, ("demo\\..\\..\\evil.py", b"x", 0o644)]),
+     "escapes the install tree"),
+    ("symlink", lambda t: _tampered(t, lambda ms: [
+        *ms, ("demo/creds", b"/root/.aws/credentials", stat.S_IFLNK | 0o777)]),
+     "member 'demo/creds' is a symbolic link"),
+    ("twice", lambda t: _tampered(t, after=lambda ms: [*ms, ms[0]]), "appears twice"),
+    ("metadata-name", lambda t: _tampered(t, _metadata(
+        "Metadata-Version: 2.1\nName: other\nVersion: 1.0\n\n")), "METADATA names project 'other'"),
+    ("metadata-version", lambda t: _tampered(t, _metadata(
+        "Metadata-Version: 2.1\nName: demo\nVersion: 1.1\n\n")), "METADATA says version 1.1"),
+    ("wheel-tags", lambda t: _tampered(t, lambda ms: _replace(
+        ms, "demo-1.0.dist-info/WHEEL", ("demo-1.0.dist-info/WHEEL",
+                                         b"Wheel-Version: 1.0\nTag: py3-none-any\n", 0o644))),
+     "WHEEL says tags py3-none-any"),
+    ("two-dist-infos", lambda t: _tampered(t, lambda ms: [
+        *ms, ("evil-1.0.dist-info/METADATA", b"Name: evil\n", 0o644)]),
+     "exactly one .dist-info directory"),
+    ("not-a-zip", lambda t: _write(t / "demo-1.0-cp311-cp311-linux_x86_64.whl", b"PK\x03\x04no"),
+     "not a well-formed zip"),
+    ("unexpected-tags", lambda t: make_wheel(t, "demo", "1.0", tag="py3-none-any"),
+     "tags py3-none-any are not the ones this build must produce"),
+    ("unexpected-version", lambda t: make_wheel(t, "demo", "1.1", tag="cp311-cp311-linux_x86_64"),
+     "built version 1.1, expected 1.0"),
+    ("unexpected-project", lambda t: make_wheel(t, "other", "1.0", tag="cp311-cp311-linux_x86_64"),
+     "built project other, expected demo"),
+    ("symlinked-file", lambda t: _symlink_to(_tampered(t)), "not a regular file"),
+]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _bump_first_size(record: bytes) -> bytes:
+    """RECORD with the first member's size one too big (its hash still right)."""
+    rows = list(csv.reader(io.StringIO(record.decode())))
+    rows[0][2] = str(int(rows[0][2]) + 1)
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue().encode()
+
+
+def _symlink_to(wheel: Path) -> Path:
+    link = wheel.parent / "links" / wheel.name
+    link.parent.mkdir()
+    link.symlink_to(wheel)
+    return link
+
+
+def test_validate_wheel_accepts_a_valid_wheel(tmp_path: Path) -> None:
+    wheel = _tampered(tmp_path)
+    name = validate_wheel(wheel, "demo", Version("1.0"), _accepts_cp311)
+    assert name.project == "demo" and name.tags == frozenset({CP311})
+
+
+@pytest.mark.parametrize(("make", "reason"), [(m, r) for _, m, r in TAMPERED],
+                         ids=[i for i, _, _ in TAMPERED])
+def test_validate_wheel_refuses_tampered_wheels_in_one_line(
+    tmp_path: Path, make: Callable[[Path], Path], reason: str,
+) -> None:
+    wheel = make(tmp_path)
+    with pytest.raises(InvalidWheel) as refused:
+        validate_wheel(wheel, "demo", Version("1.0"), _accepts_cp311)
+    message = str(refused.value)
+    assert reason in message
+    assert "\n" not in message and message.startswith(wheel.name)
+
+
+def test_validate_wheel_refuses_a_zip_bomb_before_reading_it(tmp_path: Path) -> None:
+    wheel = _tampered(tmp_path, lambda ms: [*ms, ("demo/zeros.bin", bytes(4 << 20), 0o644)])
+    validate_wheel(wheel, "demo", Version("1.0"), _accepts_cp311)
+    with pytest.raises(InvalidWheel, match="unpacks to more than"):
+        validate_wheel(wheel, "demo", Version("1.0"), _accepts_cp311, max_unpacked_bytes=1 << 20)
+
+
+def test_a_relabelled_wheel_validates(tmp_path: Path) -> None:
+    """The build validates what relabel wrote, so relabel must write a valid wheel."""
+    built = make_wheel(tmp_path / "built", "demo", "1.0", tag="cp311-cp311-linux_x86_64")
+    (tmp_path / "out").mkdir()
+    wheel = relabel(built, "cu130torch2.14", tmp_path / "out")
+    name = validate_wheel(wheel, "demo", Version("1.0+cu130torch2.14"), _accepts_cp311)
+    assert name.version == Version("1.0+cu130torch2.14")
