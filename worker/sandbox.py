@@ -217,7 +217,9 @@ class Sandbox:
             out += ["--perms", "0755", "--dir", str(parent)]
         for path, how in sorted(binds, key=lambda bind: len(bind[0].parts)):
             out += [how, str(path), str(path)]
-        out += ["--chdir", str(cwd)]
+        # In a user namespace the sandbox's own root belongs to the build user: keep it from
+        # becoming an unsized RAM disk (/tmp and /dev/shm are separate, capped mounts).
+        out += ["--remount-ro", "/", "--chdir", str(cwd)]
         if self.as_root:
             setpriv = shutil.which(self.setpriv)
             if setpriv is None:

@@ -208,7 +208,7 @@ def test_a_hostile_sdist_learns_nothing_reaches_nothing_and_writes_nothing_outsi
     outside_tmp = Path("/tmp") / f"hostile-{uuid.uuid4().hex}"
     writes = [worker_home / "hostile", storage / "hostile", private_redis / "hostile",
               workspace.root / "hostile", workspace.python.parent / "hostile", tmp_path / "hostile",
-              outside_tmp]
+              outside_tmp, Path("/") / f"hostile-{uuid.uuid4().hex}"]
 
     redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     s3_port = int(str(s3_config.s3_endpoint_url).rsplit(":", 1)[1])
