@@ -400,9 +400,10 @@ def test_the_governor_sees_and_pauses_sandboxed_compile_jobs(
     workspace.layout = Layout(home=layout.home, tmp=layout.tmp,
                               read_only=(*layout.read_only, HOSTILE_SCRIPTS),
                               writable=layout.writable)
-    # As in test_governor: four 200 MiB jobs in their own process groups, a 600 MiB budget.
+    # As in test_governor: four 200 MiB jobs in their own process groups, a 600 MiB budget;
+    # each holds its peak for a second, so that a loaded machine's sampler still sees it.
     build = workspace.start(sandbox, [str(workspace.python), str(HOSTILE_SCRIPTS / "hog_jobs.py"),
-                                      "4", "200", "2", "0.3"])
+                                      "4", "200", "2", "1"])
     budget = 600 * MiB
     governor = MemoryGovernor(build, budget_bytes=budget, low_watermark=150 * MiB,
                               high_watermark=250 * MiB)
