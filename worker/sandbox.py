@@ -36,7 +36,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,7 @@ SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 #: bounding set); setpriv's own exec of the build clears them all.
 _DROP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
 _CHECK_TIMEOUT = 60.0
+_MAX_LINKS = 40  # as the kernel's own limit on links followed in one lookup
 
 
 @dataclass(frozen=True)
@@ -151,15 +152,22 @@ class Sandbox:
     def prepare(self, layout: Layout) -> None:
         """Create the writable paths and hand them to the build user; check the read-only ones.
 
-        Ownership is changed without following links, so a tree the build already wrote into
-        can be prepared again for the next step.
+        Call it only while no process of the build's earlier steps lives. bubblewrap resolves
+        mount sources as root, so every layout path must be a real directory whose parent the
+        build user does not own: a path inside an earlier step's writable tree could have been
+        swapped for a link to the worker's secrets. Ownership is changed without following
+        links (a tree the build already wrote into can be prepared again).
         """
         for path in layout.all_writable:
             path.mkdir(parents=True, exist_ok=True)
-            if self.as_root:
-                _chown_tree(path, self.uid, self.gid)
+            self._check_source(path, link_ok=False)
+        for path in layout.read_only:
+            self._check_source(path, link_ok=True)
         if not self.as_root:
             return
+        for path in layout.all_writable:
+            if os.lstat(path).st_uid != self.uid:  # new, or the worker's (an unpacked sdist)
+                _chown_tree(path, self.uid, self.gid)
         for path in layout.read_only:
             try:
                 mode = path.stat().st_mode
@@ -170,6 +178,17 @@ class Sandbox:
                 raise SandboxUnavailable(
                     f"{path} is not readable by the build user {self.uid} (mode "
                     f"{stat.S_IMODE(mode):o}; is the worker's umask 077?)")
+
+    def _check_source(self, path: Path, *, link_ok: bool) -> None:
+        try:
+            own = os.lstat(path)
+            parent = os.lstat(path.parent)
+        except OSError as exc:
+            raise SandboxUnavailable(f"{path}: {exc.strerror}") from None
+        if stat.S_ISLNK(own.st_mode) and not link_ok:
+            raise SandboxUnavailable(f"{path} is a link; writable paths must be real directories")
+        if parent.st_uid in self.build_uids - {os.getuid()}:
+            raise SandboxUnavailable(f"{path} lies in a directory the build user owns")
 
     def environment(self, env: Mapping[str, str], layout: Layout) -> dict[str, str]:
         """``env`` with the build's own ``HOME``, ``TMPDIR`` and user name."""
@@ -208,7 +227,17 @@ class Sandbox:
         size = str(self.tmpfs_bytes)
         out += ["--perms", "1777", "--size", size, "--tmpfs", "/tmp",  # noqa: S108
                 "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]  # noqa: S108
-        binds = [(path, "--ro-bind") for path in layout.read_only]
+        binds: list[tuple[Path, str]] = []
+        links: list[str] = []
+        for path in layout.read_only:
+            # A toolkit at /opt/cuda -> /opt/cuda-12.8: the link inside too, and its target.
+            for _ in range(_MAX_LINKS):
+                if not path.is_symlink() or _is_system(path):
+                    break
+                links += ["--symlink", os.readlink(path), str(path)]
+                path = path.parent / os.readlink(path)
+            if not _is_system(path):
+                binds.append((Path(os.path.normpath(path)), "--ro-bind"))
         binds += [(path, "--bind") for path in layout.all_writable]
         # bubblewrap gives the directories it creates above a mount the modes of their
         # counterparts outside, and a 0700 /root or pytest's 0700 base directory would hide the
@@ -217,6 +246,7 @@ class Sandbox:
             out += ["--perms", "0755", "--dir", str(parent)]
         for path, how in sorted(binds, key=lambda bind: len(bind[0].parts)):
             out += [how, str(path), str(path)]
+        out += links
         # In a user namespace the sandbox's own root belongs to the build user: keep it from
         # becoming an unsized RAM disk (/tmp and /dev/shm are separate, capped mounts).
         out += ["--remount-ro", "/", "--chdir", str(cwd)]
@@ -235,6 +265,11 @@ class Sandbox:
         return [*out, *argv]
 
 
+def _is_system(path: Path) -> bool:
+    """Already visible through a system mount (e.g. a toolkit under /usr/local)."""
+    return any(path.is_relative_to(name) for name in SYSTEM_PATHS)
+
+
 def _parents_to_create(paths: Sequence[Path]) -> list[Path]:
     """Directories above the mounted paths that exist only in the sandbox's own root."""
     bound = {Path(p) for p in SYSTEM_PATHS} | set(paths)
@@ -248,12 +283,62 @@ def _parents_to_create(paths: Sequence[Path]) -> list[Path]:
     return sorted(parents, key=lambda p: len(p.parts))
 
 
+MAX_DEPTH = 256
+"""Deepest directory nesting the worker walks in a build's tree (an sdist's, or what it wrote)."""
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _walk(root: Path) -> Iterator[tuple[int, str, os.stat_result]]:
+    """``(directory fd, name, lstat)`` of everything below ``root``, depth first.
+
+    Relative to open directory descriptors, never through built-up paths: links are never
+    followed and no path grows past ``PATH_MAX``, however deep a hostile tree is. Raises
+    ``_TooDeep`` past ``MAX_DEPTH`` levels, which bounds the descriptors held open.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    top = os.open(root, flags)
+    stack = [(top, os.scandir(top))]
+    try:
+        while stack:
+            fd, entries = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                entries.close()
+                os.close(fd)
+                stack.pop()
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed while we looked
+            yield fd, entry.name, st
+            if stat.S_ISDIR(st.st_mode):
+                if len(stack) >= MAX_DEPTH:
+                    raise _TooDeep
+                try:
+                    sub = os.open(entry.name, flags, dir_fd=fd)
+                except OSError:
+                    continue
+                stack.append((sub, os.scandir(sub)))
+    finally:
+        for fd, entries in stack:
+            entries.close()
+            os.close(fd)
+
+
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.chown(root, uid, gid, follow_symlinks=False)
-    for top, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
+    try:
+        for dir_fd, name, _ in _walk(root):
             with contextlib.suppress(FileNotFoundError):
-                os.chown(os.path.join(top, name), uid, gid, follow_symlinks=False)
+                os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
+    except _TooDeep:
+        raise BuildFailed(FailureKind.TOO_LARGE,
+                          f"{root.name} nests directories deeper than {MAX_DEPTH} levels"
+                          ) from None
 
 
 # --- fail closed --------------------------------------------------------------------------
@@ -308,10 +393,12 @@ class DiskQuota:
     hard cap (``TMPFS_BYTES``).
     """
 
-    def __init__(self, paths: Iterable[Path], limit_bytes: int, *, every: float = 5.0) -> None:
+    def __init__(self, paths: Iterable[Path], limit_bytes: int, *, every: float = 5.0,
+                 max_entries: int = 2_000_000) -> None:
         self.paths = tuple(paths)
         self.limit_bytes = limit_bytes
         self.every = every
+        self.max_entries = max_entries
         self.peak = 0
         self._next = 0.0
 
@@ -322,18 +409,26 @@ class DiskQuota:
         return cls(paths, int(config.build_disk_limit_gib * GIB))
 
     def usage(self) -> int:
-        seen: set[tuple[int, int]] = set()
-        total = 0
-        for root in self.paths:
-            for top, dirs, files in os.walk(root):
-                for name in (*dirs, *files):
-                    try:
-                        st = os.lstat(os.path.join(top, name))
-                    except OSError:
-                        continue  # removed while we looked
-                    if (st.st_dev, st.st_ino) not in seen:
-                        seen.add((st.st_dev, st.st_ino))
-                        total += st.st_blocks * 512
+        """Bytes allocated below the paths; raise ``BuildFailed`` for a tree too big to walk."""
+        linked: set[tuple[int, int]] = set()  # only multiply-linked files: a set of all is big
+        total = entries = 0
+        try:
+            for root in self.paths:
+                for _, _, st in _walk(root):
+                    entries += 1
+                    if entries > self.max_entries:
+                        raise BuildFailed(FailureKind.TOO_LARGE,
+                                          f"the build created more than {self.max_entries} "
+                                          "files and directories in its workspace")
+                    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                        if (st.st_dev, st.st_ino) in linked:
+                            continue
+                        linked.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+        except _TooDeep:
+            raise BuildFailed(FailureKind.TOO_LARGE,
+                              f"the build nested directories deeper than {MAX_DEPTH} levels"
+                              ) from None
         self.peak = max(self.peak, total)
         return total
 

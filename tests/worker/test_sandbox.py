@@ -32,10 +32,19 @@ from tests.worker.conftest import FIXTURES, make_sdist
 from tests.worker.test_governor import JobStates
 from wheelhouse.buildspec import FailureKind
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed
+from wheelhouse.errors import BuildFailed, SandboxUnavailable
 from worker.governor import MemoryGovernor
 from worker.reaper import BUILD_ID_ENV, BuildProcess
-from worker.sandbox import DiskQuota, Layout, Sandbox, python_prefix, startup_check, take_wheel
+from worker.sandbox import (
+    GIB,
+    MAX_DEPTH,
+    DiskQuota,
+    Layout,
+    Sandbox,
+    python_prefix,
+    startup_check,
+    take_wheel,
+)
 from worker.sdist import unpack
 
 HOSTILE_SDIST = FIXTURES / "hostile"
@@ -485,3 +494,56 @@ def test_prepare_gives_the_writable_paths_to_the_build_user(
                  workspace.layout.home, workspace.layout.tmp):
         assert os.lstat(path).st_uid == (sandbox.uid if IS_ROOT else os.getuid())
     assert Path("/etc/passwd").stat().st_uid == 0  # the link was not followed
+
+
+def test_prepare_refuses_paths_the_build_could_have_swapped(
+    workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    """bubblewrap mounts as root: a path below an earlier step's writable tree, or a link in
+    place of a writable directory, could point it at the worker's secrets."""
+    if not IS_ROOT:
+        pytest.skip("only a root worker has a build user distinct from itself")
+    workspace.src.mkdir()
+    os.chown(workspace.src, sandbox.uid, sandbox.gid)
+    nested = Layout.in_workspace(workspace.root, writable=[workspace.src / "sub"])
+    with pytest.raises(SandboxUnavailable, match="lies in a directory the build user owns"):
+        sandbox.prepare(nested)
+    (workspace.root / "dist").symlink_to("/root")
+    with pytest.raises(SandboxUnavailable, match="is a link"):
+        sandbox.prepare(workspace.layout)
+
+
+def test_a_read_only_link_is_mounted_with_its_target(
+    tmp_path: Path, workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    """A toolkit at /opt/cuda -> /opt/cuda-12.8 works inside as outside."""
+    real = tmp_path / "cuda-12.8"
+    (real / "bin").mkdir(parents=True)
+    (real / "bin" / "nvcc").write_text("fake")
+    link = tmp_path / "cuda"
+    link.symlink_to("cuda-12.8")
+    layout = workspace.layout
+    workspace.layout = Layout(home=layout.home, tmp=layout.tmp,
+                              read_only=(*layout.read_only, link), writable=layout.writable)
+    build = workspace.start(sandbox, ["/bin/cat", str(link / "bin" / "nvcc")])
+    assert build.wait(deadline=time.monotonic() + 60).returncode == 0
+    assert workspace.log.read_text().endswith("fake")
+
+
+def test_walks_stop_at_the_depth_limit(workspace: Workspace, sandbox: Sandbox) -> None:
+    """A tree nested past MAX_DEPTH (deeper than PATH_MAX, too) fails the build, not the worker."""
+    workspace.src.mkdir()
+    fd = os.open(workspace.src, os.O_RDONLY)
+    for _ in range(MAX_DEPTH + 5):  # relative to descriptors: no path gets long
+        os.mkdir("d" * 200, dir_fd=fd)
+        sub = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(fd)
+    with pytest.raises(BuildFailed, match=f"deeper than {MAX_DEPTH} levels") as failed:
+        DiskQuota([workspace.src], GIB).usage()
+    assert failed.value.kind == FailureKind.TOO_LARGE
+    if IS_ROOT:
+        with pytest.raises(BuildFailed, match=f"deeper than {MAX_DEPTH} levels"):
+            sandbox.prepare(workspace.layout)
+    shutil.rmtree(workspace.src)
