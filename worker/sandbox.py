@@ -68,7 +68,10 @@ class Layout:
 
     Every path appears at the same place inside as outside. ``writable`` paths (and ``home``
     and ``tmp``) belong to the build user after :meth:`Sandbox.prepare`; ``read_only`` paths
-    (toolkit, build venv, its base Python) must be readable by it.
+    (toolkit, build venv, its base Python) must be readable by it. Keep every path a direct
+    child of a directory the build never had writable (the workspace itself is never mounted):
+    mount sources are resolved outside, by the worker's identity, and a worker that is not
+    root cannot tell the build's files from its own.
     """
 
     home: Path
