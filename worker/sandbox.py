@@ -40,9 +40,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wheelhouse.buildspec import FailureKind
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, SandboxUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
 
 MODES = ("on", "off")
 """Values of ``WHEELHOUSE_BUILD_SANDBOX``; ``off`` is the only way to build unsandboxed."""

@@ -30,9 +30,8 @@ import redis
 from tests.helpers import make_venv
 from tests.worker.conftest import FIXTURES, make_sdist
 from tests.worker.test_governor import JobStates
-from wheelhouse.buildspec import FailureKind
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, SandboxUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
 from worker.governor import MemoryGovernor
 from worker.reaper import BUILD_ID_ENV, BuildProcess
 from worker.sandbox import (

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from wheelhouse.buildspec import FailureKind
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed
+from wheelhouse.errors import BuildFailed, FailureKind
 from worker.sdist import SdistLimits, unpack
 
 MiB = 1 << 20
