@@ -85,6 +85,8 @@ class BuildFacts:
     """Wall-clock seconds of the build (to publication, or to the failure)."""
     log_key: str | None = None
     """Storage key of the build's full log."""
+    sandbox: str | None = None
+    """How the build was sandboxed (``worker.sandbox.Sandbox.describe``), or ``off (unsafe)…``."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable; what is not known (None, or an empty name) is left out."""
@@ -117,6 +119,7 @@ class BuildFacts:
             reaped=Reaped.from_dict(reaped) if isinstance(reaped, Mapping) else None,
             seconds=_float(data.get("seconds")),
             log_key=_str(data.get("log_key")),
+            sandbox=_str(data.get("sandbox")),
         )
 
 

@@ -111,6 +111,9 @@ class Config:
     sdist_max_unpacked_mib: int = 10_240
     """Most an sdist may unpack to, in MiB (the sum of its members' sizes)."""
 
+    build_log_max_mib: float = 64.0
+    """Largest stored build log, in MiB: past it, its first and last halves and a note (0: none)."""
+
     build_on_miss: bool = False
     """Enqueue a build when an installer's Python has no wheel on a recipe project's page."""
 

@@ -128,6 +128,13 @@ class FailureKind(StrEnum):
     TOO_LARGE = "too-large"
     """The sdist, its unpacked tree or what the build wrote is over a configured limit: not
     retried."""
+    INVALID_WHEEL = "invalid-wheel"
+    """What the build left is not a well-formed wheel of the spec's project, version and tags
+    (a bad zip, RECORD hashes that don't match, names that escape): never published, not
+    retried."""
+    SANDBOX_UNAVAILABLE = "sandbox-unavailable"
+    """The worker could not set up the build sandbox for this build: nothing of the sdist ran
+    unsandboxed; not retried (the operator must fix the host, see the README's Security)."""
 
     @property
     def retryable(self) -> bool:

@@ -3,21 +3,29 @@
 This module is the sequence of steps. Every step that runs a program runs it through
 :class:`worker.reaper.BuildProcess`, so a timeout or cancel kills exactly this build's process
 tree. The build sees a sanitized environment (:mod:`worker.buildenv`: no storage or Redis
-credentials, tokens or worker settings); uploading happens here, outside it. Output goes to one
-log file (:mod:`worker.buildlog`), which is tailed into the reporter (live log and ninja's
-``[N/M]`` progress) and stored next to the result when the build ends, success or failure.
+credentials, tokens or worker settings); uploading happens here, outside it. Output goes through
+a pipe into one capped log (:mod:`worker.buildlog`), which feeds the reporter (live log and
+ninja's ``[N/M]`` progress) and is stored next to the result when the build ends.
+
+Who runs what: the worker, with its network and identity, fetches and unpacks the sdist and
+installs the build venv from wheels only (``--no-build``: no sdist is ever built out here). From
+then on everything that executes code the sdist wrote or chose (its build requirements' ``.pth``
+files run at every interpreter start) runs in the build sandbox (:mod:`worker.sandbox`) through
+:meth:`Builder._sandboxed`: the torch check, the compile and the import check. After that the
+worker never runs the build venv's Python itself; what leaves is one wheel file, taken out by
+:func:`worker.sandbox.take_wheel` and checked by :func:`wheelhouse.wheels.validate_wheel`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
-import subprocess
 import time
-import uuid
 import zipfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +43,7 @@ from wheelhouse.errors import (
     FailureKind,
     InfrastructureError,
     InvalidWheel,
+    SandboxUnavailable,
     StorageError,
     WheelhouseError,
 )
@@ -44,14 +53,31 @@ from wheelhouse.publish import publish
 from wheelhouse.recipes import Recipe, load_recipe, recipe_dirs
 from wheelhouse.retry import BUILD_STEPS, LOG_UPLOAD, OOM_COMPILE, RetryPolicy
 from wheelhouse.storage import Storage
-from wheelhouse.wheels import check_consistent, parse_name, relabel
+from wheelhouse.wheels import parse_name, relabel, validate_wheel
 from worker.buildenv import compile_env, install_env, sanitized_env
-from worker.buildlog import BuildLog
+from worker.buildlog import MIB, BuildLog
 from worker.capabilities import discover_toolkits, usable_cores
 from worker.failures import Classified, classify_log, with_retries
 from worker.governor import MemoryGovernor, was_oom_killed
-from worker.reaper import BuildProcess, Outcome
-from worker.sdist import download_sdist, find_sdist, unpack
+from worker.reaper import BuildProcess, Outcome, unique_build_id
+from worker.sandbox import (
+    DiskQuota,
+    Layout,
+    Sandbox,
+    python_prefix,
+    startup_check,
+    take_wheel,
+)
+from worker.sdist import SdistLimits, download_sdist, find_sdist, unpack
+
+log = logging.getLogger("wheelhouse.worker")
+
+#: What the build record and the build page say of a build that ran unsandboxed.
+UNSANDBOXED = "off (unsafe): WHEELHOUSE_BUILD_SANDBOX=off"
+#: uv's words when a build requirement exists only as an sdist (the venv is installed with
+#: ``--no-build``, so nothing the sdist chose is ever built outside the sandbox).
+_NO_BUILD_HINT = "building from source is disabled"
+_TORCH_INFO = "wheelhouse-torch-info: "
 
 
 class Reporter:
@@ -74,6 +100,29 @@ class Reporter:
 
     def should_cancel(self) -> bool:
         return False
+
+
+@dataclass(frozen=True)
+class BuildVenv:
+    """The build venv, and what the worker learned of it before anything the sdist chose was
+    installed into it (a wheel may overwrite ``pyvenv.cfg`` and ``bin/python``)."""
+
+    python: Path
+    """``<venv>/bin/python``: only ever run inside the sandbox once requirements are in."""
+    interpreter: Path
+    """The interpreter the venv was made from: the worker's ``uv`` installs into the venv with
+    it (``--prefix``), never with the venv's own Python, whose ``.pth`` files the sdist chose."""
+    prefix: Path | None
+    """The installation ``interpreter`` belongs to, mounted read-only into the sandbox."""
+
+    @property
+    def root(self) -> Path:
+        return self.python.parent.parent
+
+    @property
+    def read_only(self) -> tuple[Path, ...]:
+        """What a sandboxed program needs to run this venv's Python."""
+        return (self.root, *([self.prefix] if self.prefix is not None else []))
 
 
 @dataclass
@@ -113,21 +162,38 @@ class Builder:
         self.keep_workspace = keep_workspace
         self.retry = retry
         self.recipe: Recipe = load_recipe(spec.project, recipe_dirs(config))
-        self.workspace = Path(config.workspace).resolve() / f"{build_id}-{uuid.uuid4().hex[:8]}"
+        # The build id is unique to this build (see unique_build_id), so it names the workspace.
+        self.workspace = Path(config.workspace).resolve() / build_id
         self.log = BuildLog(self.workspace / "build.log", on_lines=reporter.lines,
-                            on_progress=reporter.progress)
+                            on_progress=reporter.progress,
+                            limit_bytes=int(config.build_log_max_mib * MIB))
         self.facts = BuildFacts(build_id=build_id, recipe=self.recipe.name,
                                 host=socket.gethostname())
         self.job_peaks: list[int] = []
+        self.sandbox: Sandbox | None = None
 
     # -- running programs --
 
     def _run(self, argv: list[str], *, env: dict[str, str], cwd: Path, what: str,
-             governor_reserve: int | None = None) -> tuple[Outcome, MemoryGovernor | None]:
-        """Run one program of the build under the reaper; raise on timeout or cancel."""
-        self.log.write(f"$ {' '.join(argv)}")
-        bp = BuildProcess.start(argv, build_id=self.build_id, env=env, cwd=cwd,
-                                log_path=self.log.path)
+             governor_reserve: int | None = None, shown: Sequence[str] | None = None,
+             uids: frozenset[int] = frozenset(), quota: DiskQuota | None = None,
+             ) -> tuple[Outcome, MemoryGovernor | None]:
+        """Run one program of the build under the reaper; raise on timeout or cancel.
+
+        Its output goes through a pipe that a thread drains into the capped log. ``quota``
+        is checked on every tick: past it, the tree is killed and the build fails too-large.
+        """
+        self.log.write(f"$ {' '.join(shown if shown is not None else argv)}")
+        read_end, write_end = os.pipe()
+        try:
+            bp = BuildProcess.start(argv, build_id=self.build_id, env=env, cwd=cwd,
+                                    stdout=write_end, uids=uids)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        drain = self.log.drain(read_end)
         governor = None
         if governor_reserve is not None:
             governor = MemoryGovernor(bp, low_watermark=governor_reserve // 2,
@@ -146,10 +212,15 @@ class Builder:
         def on_tick() -> None:
             if governor is not None:
                 governor.tick()
+            if quota is not None:
+                quota.check()
             self.log.pump()
 
-        outcome = bp.wait(deadline=self.deadline, should_cancel=should_cancel, on_tick=on_tick)
-        self.log.pump()
+        try:
+            outcome = bp.wait(deadline=self.deadline, should_cancel=should_cancel,
+                              on_tick=on_tick)
+        finally:
+            drain.close()
         if governor is not None:
             self.job_peaks = governor.job_peaks
             self.facts.peak_tree_bytes = governor.peak_tree_rss
@@ -168,6 +239,38 @@ class Builder:
                               f"{what} and was killed")
         return outcome, governor
 
+    def _sandboxed(self, argv: Sequence[str], *, env: dict[str, str], cwd: Path, what: str,
+                   read_only: Iterable[Path | None] = (), writable: Iterable[Path] = (),
+                   network: bool = False, governor_reserve: int | None = None,
+                   ) -> tuple[Outcome, MemoryGovernor | None]:
+        """Run a program that executes the sdist's code, or code it chose, in the sandbox.
+
+        Use it for every such step (the compile, the torch check, load and import checks).
+        ``read_only`` and ``writable`` are what the program sees besides the system (e.g.
+        ``venv.read_only`` to run the venv's Python): keep each a direct child of the
+        workspace, or a path outside it the build never had writable (a toolkit). ``HOME``
+        and ``TMPDIR`` are ``<workspace>/home`` and ``<workspace>/tmp``. The disk cap counts
+        what it writes. With ``WHEELHOUSE_BUILD_SANDBOX=off`` the program runs as it is.
+        """
+        layout = Layout.in_workspace(self.workspace,
+                                     read_only=[p for p in read_only if p is not None],
+                                     writable=writable)
+        uids: frozenset[int] = frozenset()
+        if self.sandbox is None:
+            for path in layout.all_writable:
+                path.mkdir(parents=True, exist_ok=True)
+            run_env = {**env, "HOME": str(layout.home), "TMPDIR": str(layout.tmp)}
+            wrapped = list(argv)
+        else:
+            self.sandbox.prepare(layout)
+            wrapped = self.sandbox.wrap(argv, layout=layout, cwd=cwd, network=network)
+            run_env = self.sandbox.environment(env, layout)
+            uids = self.sandbox.build_uids
+        quota = DiskQuota.from_config(self.config, layout.all_writable)
+        shown = [*(["[unsandboxed]"] if self.sandbox is None else ["[sandbox]"]), *argv]
+        return self._run(wrapped, env=run_env, cwd=cwd, what=what, shown=shown, uids=uids,
+                         quota=quota, governor_reserve=governor_reserve)
+
     def _run_checked(self, argv: list[str], *, env: dict[str, str], what: str) -> None:
         """Run an installer step in the workspace; network trouble is retried with backoff."""
 
@@ -179,8 +282,16 @@ class Builder:
 
     def _check(self, outcome: Outcome, what: str) -> None:
         if outcome.returncode != 0:
-            tail = [line for line in self.log.tail(20_000).splitlines() if line.strip()]
+            text = self.log.tail(20_000)
+            tail = [line for line in text.splitlines() if line.strip()]
             last = tail[-1] if tail else ""
+            if _NO_BUILD_HINT in text:
+                because = next((line.strip() for line in reversed(tail)
+                                if "has no usable wheels" in line), last)
+                raise BuildFailed(FailureKind.INCOMPATIBLE,
+                                  f"a build requirement has no wheel for this platform, and "
+                                  f"workers never build one outside the sandbox: "
+                                  f"{because.removeprefix('cause: ')[:300]}")
             raise InfrastructureError(f"{what} failed (exit {outcome.returncode}): {last[:300]}")
 
     # -- the steps --
@@ -194,17 +305,22 @@ class Builder:
                 return BuildResult(self.spec, existing, already_published=True)
             self.workspace.mkdir(parents=True, exist_ok=True)
             self.log.write(f"building {self.spec.describe()} with recipe {self.recipe.name}")
+            self._sandbox()
             toolkit = self._toolkit()
             src = self._source()
-            python = self._venv(src)
+            venv = self._venv(src)
             jobs = self._max_jobs()
-            wheel = self._compile(src, python, toolkit, jobs)
-            wheel = self._check_wheel(wheel, python)
+            wheel = self._compile(src, venv, toolkit, jobs)
+            wheel = self._check_wheel(wheel, venv)
             record = self._publish(wheel, started)
             self.facts.seconds = round(time.monotonic() - started, 1)
             self._store_log()
             return BuildResult(self.spec, record, max_jobs=jobs, log_key=log_key(self.spec),
                                seconds=time.monotonic() - started, build=self.facts)
+        except SandboxUnavailable as exc:
+            failed = BuildFailed(FailureKind.SANDBOX_UNAVAILABLE, str(exc))
+            self._fail(failed, started)
+            raise failed from exc
         except (StorageError, InfrastructureError) as exc:
             # Storage trouble outside a retried step (e.g. the learned memory figures): the
             # same class of failure as a retried step that ran out of attempts.
@@ -234,6 +350,26 @@ class Builder:
 
         return with_retries(self.retry, "reading storage", look, say=self.log.write)
 
+    def _sandbox(self) -> None:
+        """Decide how this build is sandboxed, and say so in its log and record."""
+        # The worker checked at start-up; a host can lose what the sandbox needs since (a
+        # changed seccomp profile, a removed package), and then no step of this build may run.
+        why = startup_check(self.config)
+        if why is not None:
+            raise SandboxUnavailable(why)
+        self.sandbox = Sandbox.from_config(self.config)
+        if self.sandbox is None:
+            self.facts.sandbox = UNSANDBOXED
+            warning = ("WARNING: this build runs unsandboxed (WHEELHOUSE_BUILD_SANDBOX=off): "
+                       "the sdist's code runs as the worker's user, sees its files and "
+                       "processes and reaches its network and services")
+            log.warning("build %s: %s", self.build_id, warning)
+            self.log.write(warning)
+        else:
+            self.facts.sandbox = self.sandbox.describe()
+            self.log.write(f"sandbox: {self.facts.sandbox}")
+        self.reporter.facts(self.facts)
+
     def _toolkit(self) -> ToolkitInfo:
         self.reporter.phase("toolkit")
         toolkits = self.toolkits if self.toolkits is not None else discover_toolkits()
@@ -250,6 +386,7 @@ class Builder:
 
     def _source(self) -> Path:
         self.reporter.phase("fetch")
+        limits = SdistLimits.from_config(self.config)
         if self.source is not None:
             sdist = self.source
             self.log.write(f"source: local {sdist}")
@@ -263,24 +400,37 @@ class Builder:
                 lambda: find_sdist(index, self.spec.project, self.spec.version),
                 say=self.log.write)
             self.log.write(f"source: {link.url} (sha256 {link.sha256})")
-            sdist = with_retries(self.retry, "downloading the sdist",
-                                 lambda: download_sdist(link, self.workspace / "sdist"),
-                                 say=self.log.write)
+            sdist = with_retries(
+                self.retry, "downloading the sdist",
+                lambda: download_sdist(link, self.workspace / "sdist",
+                                       max_bytes=limits.max_bytes),
+                say=self.log.write)
             self.log.write(f"sha256 verified: {sdist.name}")
             self.facts.sdist_sha256 = link.sha256
         self.facts.sdist = sdist.name
-        return unpack(sdist, self.workspace / "src")
+        return unpack(sdist, self.workspace / "src", limits=limits)
 
-    def _venv(self, src: Path) -> Path:
+    def _uv(self) -> str:
+        return find_uv_bin()  # the uv package's own binary: a worker's PATH needn't have it
+
+    def _venv(self, src: Path) -> BuildVenv:
+        """Create the build venv and install torch and the build requirements into it.
+
+        The worker does this with its network, before any code of the sdist runs: wheels only
+        (``--no-build``), in one ``uv`` call, since from then on the venv's Python runs code
+        the sdist chose and only the sandbox may start it.
+        """
         self.reporter.phase("venv")
-        uv = find_uv_bin()  # the uv package's own binary: a worker's PATH needn't have it
-        venv = self.workspace / "venv"
+        uv = self._uv()
+        root = self.workspace / "venv"
         env = install_env()
         self._run_checked([uv, "venv", "--seed", "--clear", "--python", self.spec.python,
-                           str(venv)], env=env, what="creating the venv")
-        python = venv / "bin" / "python"
+                           str(root)], env=env, what="creating the venv")
+        python = root / "bin" / "python"
+        venv = BuildVenv(python=python, interpreter=Path(os.path.realpath(python)),
+                         prefix=python_prefix(python))
         cu = self.spec.variant.cu
-        argv = [uv, "pip", "install", "--python", str(python),
+        argv = [uv, "pip", "install", "--python", str(python), "--no-build",
                 "--index-url", self.config.build_index_url]
         if self.config.torch_index_url:
             argv += ["--extra-index-url", self.config.torch_index_url.format(cu=cu)]
@@ -290,20 +440,33 @@ class Builder:
                     *_pyproject_requires(src)]
         self._run_checked([*argv, *requires], env=env,
                           what="installing torch and the build requirements")
-        self._check_torch(python)
-        return python
+        self._check_torch(venv)
+        return venv
 
-    def _check_torch(self, python: Path) -> None:
-        code = ("import json, torch; print(json.dumps({'version': torch.__version__, "
-                "'cuda': torch.version.cuda, 'abi': bool(torch.compiled_with_cxx11_abi())}))")
-        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
-                             env=sanitized_env(os.environ), cwd=self.workspace, timeout=300,
-                             check=False)
-        if out.returncode != 0:
+    def _check_torch(self, venv: BuildVenv) -> None:
+        code = (f"import json, torch; print({_TORCH_INFO!r} + json.dumps({{"
+                "'version': torch.__version__, 'cuda': torch.version.cuda, "
+                "'abi': bool(torch.compiled_with_cxx11_abi())}), flush=True)")
+        outcome, _ = self._sandboxed([str(venv.python), "-c", code],
+                                     env=sanitized_env(os.environ), cwd=self.workspace / "home",
+                                     what="checking torch", read_only=venv.read_only)
+        tail = [line for line in self.log.tail(100_000).splitlines() if line.strip()]
+        found = [line for line in tail if line.startswith(_TORCH_INFO)]
+        if outcome.returncode != 0 or not found:
             raise BuildFailed(FailureKind.INFRASTRUCTURE,
                               f"torch does not import in the build venv: "
-                              f"{(out.stderr.strip().splitlines() or [''])[-1][:300]}")
-        info = json.loads(out.stdout.strip().splitlines()[-1])
+                              f"{(tail or [''])[-1][:300]}")
+        # Printed from inside the sandbox, where the sdist's requirements could print anything:
+        # parsed as data, never trusted beyond this check of the venv.
+        try:
+            info = json.loads(found[-1].removeprefix(_TORCH_INFO))
+        except ValueError:
+            info = None
+        if not (isinstance(info, dict) and isinstance(info.get("version"), str)
+                and isinstance(info.get("cuda"), str | None)
+                and isinstance(info.get("abi"), bool)):
+            raise BuildFailed(FailureKind.INFRASTRUCTURE,
+                              f"the torch check printed {found[-1][:200]!r}")
         self.log.write(f"torch {info['version']} (CUDA {info['cuda']}, cxx11abi {info['abi']})")
         self.facts.torch = info["version"]
         self.reporter.note(torch=info["version"])
@@ -328,21 +491,23 @@ class Builder:
                               "reason": f"MAX_JOBS={self.max_jobs_override}: set by the caller"})
         return jobs
 
-    def _compile(self, src: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs) -> Path:
+    def _compile(self, src: Path, venv: BuildVenv, toolkit: ToolkitInfo, jobs: MaxJobs) -> Path:
         dist = self.workspace / "dist"
         for attempt in range(1, OOM_COMPILE.attempts + 1):
             self.reporter.phase("compile")
             self.reporter.note(max_jobs=jobs.jobs, max_jobs_reason=jobs.reason)
             self.log.write(jobs.reason)
             self.facts.max_jobs = jobs
-            env = compile_env(self.workspace, python, toolkit, jobs, self.recipe,
+            env = compile_env(self.workspace, venv.python, toolkit, jobs, self.recipe,
                               self.spec.variant)
             shutil.rmtree(dist, ignore_errors=True)
-            argv = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+            argv = [str(venv.python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                     "--no-index", "-v", "-w", str(dist), str(src)]
             reserve = jobs.reserve_bytes or reserve_bytes(int(psutil.virtual_memory().total))
-            outcome, _ = self._run(argv, env=env, cwd=src, what="the compile",
-                                   governor_reserve=reserve)
+            outcome, _ = self._sandboxed(
+                argv, env=env, cwd=src, what="the compile",
+                read_only=[*venv.read_only, Path(toolkit.home), self.workspace / "probe-bin"],
+                writable=[self.workspace / "src", dist], governor_reserve=reserve)
             if outcome.returncode == 0:
                 break
             tail = self.log.tail()
@@ -359,11 +524,9 @@ class Builder:
                     continue
             raise found.error()
         self._learn()
-        wheels = sorted(dist.glob("*.whl"))
-        if len(wheels) != 1:
-            raise BuildFailed(FailureKind.COMPILE_ERROR,
-                              f"the build produced {len(wheels)} wheels, expected one")
-        return wheels[0]
+        # The sandbox's processes are all dead: only now is what it left read, and only a copy
+        # of one regular file leaves.
+        return take_wheel(dist, self.workspace / "out")
 
     def _learn(self) -> None:
         if not self.job_peaks:
@@ -378,53 +541,66 @@ class Builder:
         self.log.write(f"peak compile job: {max(self.job_peaks) / GIB:.2f} GiB "
                        f"({(per_thread or 0) / GIB:.2f} GiB per nvcc thread)")
 
-    def _check_wheel(self, wheel: Path, python: Path) -> Path:
-        """File name, METADATA version and label, tags, and that the extension loads."""
+    def _check_wheel(self, wheel: Path, venv: BuildVenv) -> Path:
+        """The wheel is well-formed and the one asked for, then its extension loads.
+
+        What the build left is untrusted: :func:`validate_wheel` checks it as it came out (the
+        public version, when the recipe relabels) and again after relabelling; any failure is
+        ``invalid-wheel`` and nothing is published.
+        """
         self.reporter.phase("check")
         spec = self.spec
         try:
             name = parse_name(wheel.name)
-            if self.recipe.relabel and name.version.local != spec.variant.local_label:
+            if name.version.public != spec.wheel_version.public:
+                raise InvalidWheel(f"{wheel.name}: built version {name.version}, expected "
+                                   f"{spec.wheel_version}")
+            validate_wheel(wheel, spec.project, name.version, spec.tags_match)
+            if self.recipe.relabel and name.version != spec.wheel_version:
                 out = self.workspace / "relabelled"
                 out.mkdir(exist_ok=True)
                 wheel = relabel(wheel, spec.variant.local_label, out)
-                name = parse_name(wheel.name)
                 self.log.write(f"relabelled into {wheel.name}")
-            check_consistent(wheel, name)
+            elif name.version != spec.wheel_version:
+                raise InvalidWheel(f"{wheel.name}: built version {name.version}, expected "
+                                   f"{spec.wheel_version} (does the recipe put the label into "
+                                   "METADATA?)")
+            validate_wheel(wheel, spec.project, spec.wheel_version, spec.tags_match)
         except InvalidWheel as exc:
-            raise BuildFailed(FailureKind.INCOMPATIBLE, str(exc)) from None
-        if name.version != spec.wheel_version:
-            raise BuildFailed(FailureKind.INCOMPATIBLE,
-                              f"built {name.project} {name.version}, expected {spec.wheel_version}"
-                              f" (does the recipe put the label into METADATA?)")
-        if not spec.tags_match(name.tags):
-            tags = ", ".join(sorted(str(t) for t in name.tags))
-            raise BuildFailed(FailureKind.INCOMPATIBLE,
-                              f"{wheel.name} has tags {tags}, which don't serve Python "
-                              f"{spec.python} on {spec.machine}")
+            raise BuildFailed(FailureKind.INVALID_WHEEL, str(exc)) from None
+        self.log.write(f"wheel checked: {wheel.name} (zip, RECORD hashes, names, metadata, tags)")
         modules = extension_modules(wheel)
         missing = [m for m in self.recipe.import_check if m not in modules]
         if not modules or missing:
             what = ", ".join(missing) if missing else "any compiled extension"
             raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"{wheel.name} lacks {what}; the CUDA build was skipped")
-        self._import_check(wheel, python, modules)
+        self._install_for_check(wheel, venv)
+        self._import_check(venv, modules)
         return wheel
 
-    def _import_check(self, wheel: Path, python: Path, modules: list[str]) -> None:
-        uv = find_uv_bin()
-        env = install_env()
-        self._run_checked([uv, "pip", "install", "--python", str(python), "--no-deps",
-                           "--reinstall", str(wheel)], env=env,
+    def _install_for_check(self, wheel: Path, venv: BuildVenv) -> None:
+        """Install the checked wheel into the build venv, from outside the sandbox.
+
+        ``uv`` runs with the interpreter the venv was made from and ``--prefix``: asked for the
+        venv's own Python, it would start it, and the ``.pth`` files of what the sdist chose
+        would run as the worker.
+        """
+        self._run_checked([self._uv(), "pip", "install", "--python", str(venv.interpreter),
+                           "--prefix", str(venv.root), "--no-deps", "--reinstall", "--offline",
+                           str(wheel)], env=install_env(),
                           what="installing the wheel for the import check")
+
+    def _import_check(self, venv: BuildVenv, modules: list[str]) -> None:
         # Without a GPU only loading can be checked: libcudart comes with torch's wheels and the
         # driver is needed only when a kernel runs.
         code = ("import importlib, sys, torch\n"
                 "for m in sys.argv[1:]:\n    importlib.import_module(m)\n")
         check_dir = self.workspace / "import-check"
-        check_dir.mkdir(exist_ok=True)
-        outcome, _ = self._run([str(python), "-c", code, *modules], env=sanitized_env(os.environ),
-                               cwd=check_dir, what="the import check")
+        outcome, _ = self._sandboxed([str(venv.python), "-c", code, *modules],
+                                     env=sanitized_env(os.environ), cwd=check_dir,
+                                     what="the import check", read_only=venv.read_only,
+                                     writable=[check_dir])
         if outcome.returncode != 0:
             tail = [line for line in self.log.tail(20_000).splitlines() if line.strip()]
             raise BuildFailed(FailureKind.COMPILE_ERROR,
@@ -459,6 +635,7 @@ class Builder:
     def _store_log(self) -> None:
         if not self.log.path.exists():
             return
+        self.log.seal()
         try:
             with_retries(LOG_UPLOAD, "storing the log",
                          lambda: self.storage.put_file(log_key(self.spec), self.log.path))
@@ -518,13 +695,15 @@ def run_build(
 ) -> BuildResult:
     """Build ``spec`` and publish it; raise :class:`BuildFailed` with a classified reason.
 
-    ``build_id`` is the cookie every process of the build carries (the RQ job id in the
-    worker); ``toolkits`` defaults to what this host has; ``retry`` is the policy of the steps
-    that talk to the network and storage.
+    ``build_id`` names the build (the fleet's prefix and the RQ job id in the worker, the
+    spec's job id by default); a random suffix makes the cookie every process of the build
+    carries unique (:func:`worker.reaper.unique_build_id`), so two builds of one spec on one
+    host never take each other's processes for strays. ``toolkits`` defaults to what this host
+    has; ``retry`` is the policy of the steps that talk to the network and storage.
     """
     return Builder(
         spec, config=config, storage=storage, reporter=reporter or Reporter(), source=source,
         timeout=float(timeout if timeout is not None else config.build_timeout),
-        build_id=build_id or spec.job_id, max_jobs=max_jobs, toolkits=toolkits,
+        build_id=unique_build_id(build_id or spec.job_id), max_jobs=max_jobs, toolkits=toolkits,
         keep_workspace=keep_workspace, retry=retry,
     ).run()

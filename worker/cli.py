@@ -17,7 +17,7 @@ import click
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, InvalidBuildSpec, WheelhouseError
+from wheelhouse.errors import BuildFailed, InvalidBuildSpec, SandboxUnavailable, WheelhouseError
 from wheelhouse.fleet import live_workers
 from wheelhouse.recipes import check_allowed
 
@@ -48,7 +48,11 @@ def worker_command(config: Config, name: str | None, burst: bool,
                f"{caps.memory_bytes / 1024**3:.1f} GiB, toolkits "
                f"{', '.join(t.release for t in caps.toolkits)}, GPUs "
                f"{', '.join(g.name for g in caps.gpus) or 'none'}")
-    run_worker(config, caps, queues, name=name, burst=burst, say=click.echo)
+    try:
+        run_worker(config, caps, queues, name=name, burst=burst, say=click.echo)
+    except SandboxUnavailable as exc:
+        # Fail closed: no queue was listened on, no advert was made; one line says why.
+        raise click.ClickException(str(exc)) from None
 
 
 def parse_target(target: str) -> tuple[str, str, Path | None]:
@@ -100,6 +104,7 @@ def build_command(config: Config, target: str, torch_version: str, cuda: str,
     from wheelhouse.storage import open_storage
     from worker import build
     from worker.console import ConsoleReporter, cancel_on_interrupt
+    from worker.lifecycle import check_sandbox
     from worker.reaper import become_subreaper
 
     try:
@@ -111,6 +116,10 @@ def build_command(config: Config, target: str, torch_version: str, cuda: str,
             torch=torch_version, cuda=cuda, archs=archs, cxx11abi=cxx11abi)
     except WheelhouseError as exc:
         raise click.UsageError(str(exc)) from None
+    try:
+        check_sandbox(config, lambda line: click.echo(line, err=True))
+    except SandboxUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"building {spec.describe()}", err=True)
     become_subreaper()
     reporter = ConsoleReporter(verbose)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind
+from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
 from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
 from wheelhouse.retry import WORKER_RECONNECT
 
@@ -171,19 +171,42 @@ def live_builds_on_host(conn: Redis, *, exclude: str) -> set[str]:
     return live
 
 
+def check_sandbox(config: Config, say: Callable[[str], None]) -> None:
+    """Fail closed: raise :class:`SandboxUnavailable` (one line) unless builds can be sandboxed.
+
+    A worker calls it before it listens on a build queue, so a host that cannot sandbox builds
+    takes none. With ``WHEELHOUSE_BUILD_SANDBOX=off`` it warns instead.
+    """
+    from worker.sandbox import Sandbox, startup_check
+
+    why = startup_check(config)
+    if why is not None:
+        raise SandboxUnavailable(f"refusing to build: {why}")
+    sandbox = Sandbox.from_config(config)
+    if sandbox is None:
+        say("WARNING: WHEELHOUSE_BUILD_SANDBOX=off: builds run unsandboxed, as this worker's "
+            "user, with its files, processes and network (unsafe)")
+    else:
+        say(f"build sandbox: {sandbox.describe()}")
+
+
 def sweep_stale(conn: Redis, config: Config, *, name: str) -> str:
     """Kill orphans of dead builds on this host and remove their workspaces; say what was done."""
-    from worker.reaper import sweep_orphans
+    from worker.reaper import build_id_base, sweep_orphans
+    from worker.sandbox import Sandbox
 
     prefix = build_id_prefix(conn)
     live = {prefix + job_id for job_id in live_builds_on_host(conn, exclude=name)}
-    report = sweep_orphans(live, id_prefix=prefix)
+    sandbox = Sandbox.from_config(config)
+    report = sweep_orphans(live, id_prefix=prefix,
+                           uids=sandbox.build_uids if sandbox is not None else ())
     removed = 0
     workspace = Path(config.workspace)
     if workspace.is_dir():
         for entry in workspace.iterdir():
-            build_id = entry.name.rsplit("-", 1)[0]
-            if entry.is_dir() and entry.name.startswith(prefix) and build_id not in live:
+            # A workspace is named by its build id (older workers added "-<hex>" to it).
+            owners = {build_id_base(entry.name), entry.name.rsplit("-", 1)[0]}
+            if entry.is_dir() and entry.name.startswith(prefix) and not owners & live:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed += 1
     return (f"swept {report.processes} orphaned process(es) "
@@ -246,8 +269,9 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
                say: Callable[[str], None] = log.info) -> None:
     """Serve ``queues`` until stopped (or, with ``burst``, until they are empty).
 
-    First sweep what dead builds of this host left, then advertise ``caps`` every
-    ``config.worker_heartbeat_seconds`` and hand dead workers' jobs to RQ's retry while
+    First check that builds can be sandboxed (else raise :class:`SandboxUnavailable` before
+    listening on anything), sweep what dead builds of this host left, then advertise ``caps``
+    every ``config.worker_heartbeat_seconds`` and hand dead workers' jobs to RQ's retry while
     RQ's work loop runs; withdraw the advert on the way out. ``say`` gets one line for each
     thing an operator should see.
     """
@@ -259,6 +283,7 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
 
     if not config.redis_url:
         raise ValueError("a worker needs Redis: the configuration has no redis_url")
+    check_sandbox(config, say)
     name = name or default_name()
     conn = connect(config)
     # Orphans of a build re-parent to this process, not to init, so that they can be reaped.

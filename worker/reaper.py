@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -34,6 +35,10 @@ from worker import cgroups
 BUILD_ID_ENV = "WHEELHOUSE_BUILD_ID"
 """The environment variable every process of a build carries: its build id."""
 
+#: Separates a build id's base (the fleet's prefix and the job id, which never hold a dot) from
+#: the random suffix that makes every build's cookie its own.
+_SUFFIX_SEP = "."
+
 CGROUP_PREFIX = cgroups.PREFIX
 cgroup_base = cgroups.base
 
@@ -47,6 +52,23 @@ _CTIME_SLACK = 2.0
 
 _Key = tuple[int, float]
 """A process identity that survives pid reuse: (pid, create_time)."""
+
+
+def unique_build_id(base: str) -> str:
+    """``base`` (``wh1a2b3c4d-<job id>``, or a spec's job id) plus a random suffix.
+
+    Two builds of one spec on one host (two ``wheelhouse build`` runs, a retry beside a
+    leftover) would otherwise share the cookie, and the first to finish would kill the
+    other's processes as its own strays. The base stays recognisable (:func:`build_id_base`),
+    so a sweep still knows which job a cookie belongs to.
+    """
+    return f"{base}{_SUFFIX_SEP}{secrets.token_hex(4)}"
+
+
+def build_id_base(build_id: str) -> str:
+    """The base :func:`unique_build_id` was given (an id without a suffix is its own base)."""
+    base, sep, _ = build_id.rpartition(_SUFFIX_SEP)
+    return base if sep else build_id
 
 
 def become_subreaper(enable: bool = True) -> bool:
@@ -285,15 +307,18 @@ class BuildProcess:
     @classmethod
     def start(
         cls, argv: list[str], *, build_id: str, env: dict[str, str], cwd: Path,
-        log_path: Path, memory_max: int | None = None, use_cgroup: bool = True,
-        uids: Collection[int] = (),
+        log_path: Path | None = None, stdout: int | None = None,
+        memory_max: int | None = None, use_cgroup: bool = True, uids: Collection[int] = (),
     ) -> BuildProcess:
-        """Start argv in a new session, with the build id cookie, output appended to log_path.
+        """Start argv in a new session, with the build id cookie, output appended to log_path
+        or written to the descriptor ``stdout`` (a pipe the builder drains), stderr with it.
 
         Uses a per-build cgroup v2 (and sets memory.max) where a writable one exists and the id
         is safe as a directory name; otherwise falls back to session/tree/cookie tracking.
         ``uids``: other users the build's processes run as (``Sandbox.build_uids``).
         """
+        if (log_path is None) == (stdout is None):
+            raise ValueError("give one of log_path and stdout")
         if not argv:
             raise ValueError("empty argv")
         cgroup = cgroups.make(build_id, memory_max) if use_cgroup else None
@@ -303,11 +328,13 @@ class BuildProcess:
                          *argv]
         full_env = {**env, BUILD_ID_ENV: build_id}
         started_at = time.time()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
+        with contextlib.ExitStack() as stack:
+            if log_path is not None:
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                stdout = stack.enter_context(open(log_path, "ab")).fileno()
             try:
                 popen = subprocess.Popen(
-                    full_argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                    full_argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=stdout,
                     stderr=subprocess.STDOUT, start_new_session=True,
                 )
             except BaseException:
@@ -506,7 +533,9 @@ def sweep_orphans(
 ) -> ReapReport:
     """Kill processes carrying ``BUILD_ID_ENV`` whose id is not in ``live_build_ids``.
 
-    These are leftovers of a worker that was SIGKILLed or lost mid-build. Only processes of the
+    A cookie matches a live id exactly or by its base (:func:`build_id_base`), so the live set
+    can name builds by job (``prefix + job id``), as the workers' adverts do. These are
+    leftovers of a worker that was SIGKILLed or lost mid-build. Only processes of the
     current user (and of ``uids``, a sandbox's build user) are considered, with their
     descendants, plus leftover per-build cgroups; never anything by name. ``live_build_ids``
     must hold every build running on this host, by any worker. ``id_prefix`` restricts the
@@ -517,7 +546,8 @@ def sweep_orphans(
     me = os.getpid()
 
     def stale(build_id: str | None) -> bool:
-        return build_id is not None and build_id.startswith(id_prefix) and build_id not in live
+        return (build_id is not None and build_id.startswith(id_prefix)
+                and build_id not in live and build_id_base(build_id) not in live)
 
     stale_groups: list[Path] = []
     base = cgroups.base()

@@ -58,8 +58,10 @@ def find_sdist(index_url: str, project: str, version: str, *,
     return matches[0]
 
 
-def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0) -> Path:
-    """Download and check the sha256 the index published; refuse a source without one."""
+def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0,
+                   max_bytes: int = MAX_SDIST_BYTES) -> Path:
+    """Download and check the sha256 the index published; refuse a source without one, and one
+    larger than ``max_bytes`` (``too-large``, before more than that is written)."""
     if link.sha256 is None:
         raise BuildFailed(FailureKind.UNVERIFIED_SOURCE,
                           f"the upstream index publishes no sha256 for {link.filename}; "
@@ -76,9 +78,12 @@ def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0)
         with urllib.request.urlopen(req, timeout=timeout) as resp, part.open("wb") as out:  # noqa: S310
             while chunk := resp.read(_CHUNK):
                 size += len(chunk)
-                if size > MAX_SDIST_BYTES:
-                    raise BuildFailed(FailureKind.INCOMPATIBLE,
-                                      f"{link.filename} is larger than 2 GiB")
+                if size > max_bytes:
+                    part.unlink(missing_ok=True)
+                    raise BuildFailed(FailureKind.TOO_LARGE,
+                                      f"{link.filename} is larger than the "
+                                      f"{max_bytes / _MIB:.0f} MiB limit "
+                                      "(WHEELHOUSE_SDIST_MAX_MIB)")
                 digest.update(chunk)
                 out.write(chunk)
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:

@@ -26,7 +26,7 @@ from wheelhouse.storage import make_s3_client, open_storage
 from worker.build import extension_modules, log_key, run_build
 from worker.cli import parse_target
 from worker.failures import classify_log, with_retries
-from worker.reaper import BUILD_ID_ENV
+from worker.reaper import BUILD_ID_ENV, build_id_base
 from worker.sdist import download_sdist, find_sdist, unpack
 
 FA = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.14", cuda="13.0")
@@ -257,7 +257,7 @@ def test_timeout_kills_the_build_and_stores_the_log(tmp_path: Path, cudaext_sdis
     survivors = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(BUILD_ID_ENV) == "build-timeout-test":
+            if build_id_base(proc.environ().get(BUILD_ID_ENV, "")) == "build-timeout-test":
                 survivors.append(proc)
         except psutil.Error:
             continue
