@@ -105,7 +105,8 @@ def test_a_build_that_prints_without_pause_stays_bounded_and_supervised(tmp_path
     bounded live batch are kept."""
     seen = _Seen()
     log = seen.log(tmp_path / "build.log", limit_bytes=2 * MiB)
-    spew = "import sys\nline = b'x' * 1023 + b'\\n'\nwhile True:\n    sys.stdout.buffer.write(line)\n"
+    spew = ("import sys\nline = b'x' * 1023 + b'\\n'\n"
+            "while True:\n    sys.stdout.buffer.write(line)\n")
     read_end, write_end = os.pipe()
     try:
         build = BuildProcess.start([sys.executable, "-c", spew],
