@@ -153,6 +153,8 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         "max_jobs": status.max_jobs,
         "max_jobs_reason": status.max_jobs_reason,
         "peak_memory_bytes": peak,
+        # How the build was sandboxed; "off (unsafe)…" where the worker ran it unsandboxed.
+        "sandbox": status.build.sandbox,
         "wheel": status.wheel,
         "install": install_command(base_url, spec) if spec and status.state is BuildState.BUILT
         else None,

@@ -457,6 +457,21 @@ def test_a_nearly_done_build_is_never_zero_seconds_from_the_end(
     assert view["progress"]["percent"] == 99.0  # 99.99 would print as 100.0
     assert "0 s left" not in client.get(f"/builds/{job_id}").text
 
+@pytest.mark.parametrize(("sandbox", "unsafe"), [
+    ("bubblewrap: build user 65533:65533, own PID, mount, network, IPC and UTS namespaces", False),
+    ("off (unsafe): WHEELHOUSE_BUILD_SANDBOX=off", True),
+])
+def test_build_page_says_how_the_build_is_sandboxed(client: FlaskClient, conn: Redis,
+                                                    sandbox: str, unsafe: bool) -> None:
+    job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile",
+                        build={"sandbox": sandbox})
+    page = client.get(f"/builds/{job_id}").text
+    cell = page[page.index('id="sandbox"'):]
+    cell = cell[:cell.index("</td>")]
+    assert html.escape(sandbox) in cell
+    assert ('class="unsafe"' in cell) is unsafe
+    assert client.get(f"/api/builds/{job_id}").json["sandbox"] == sandbox
+
 
 def test_build_page_of_a_failure_puts_the_reason_first(client: FlaskClient, conn: Redis) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.FAILED, phase="failed",

@@ -51,6 +51,8 @@
     text("estimate", est.length ? est.join(" ") : "\u2014");
     text("max-jobs", b.max_jobs === null ? "\u2014" : String(b.max_jobs) + (b.max_jobs_reason ? " (" + b.max_jobs_reason + ")" : ""));
     text("peak-memory", bytes(b.peak_memory_bytes));
+    text("sandbox", b.sandbox || "\u2014");
+    document.getElementById("sandbox").className = b.sandbox && b.sandbox.indexOf("off") === 0 ? "unsafe" : "";
     if (FINAL[b.state]) {
       finished = true;
       var cancel = document.getElementById("cancel-form");
