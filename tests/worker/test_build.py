@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -16,17 +17,18 @@ from typing import ClassVar
 import psutil
 import pytest
 
-from tests.helpers import QuietHandler, free_port, serve_http
-from tests.worker.conftest import build_config
+from tests.helpers import QuietHandler, fake_cuda_toolkit, free_port, run_console, serve_http
+from tests.worker.conftest import FIXTURES, build_config, make_sdist
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, StorageUnavailable
 from wheelhouse.fleet import ToolkitInfo
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
 from wheelhouse.storage import make_s3_client, open_storage
-from worker.build import extension_modules, log_key, run_build
+from worker.build import UNSANDBOXED, BuildResult, extension_modules, log_key, run_build
 from worker.cli import parse_target
 from worker.failures import classify_log, with_retries
 from worker.reaper import BUILD_ID_ENV, build_id_base
+from worker.sandbox import Sandbox
 from worker.sdist import download_sdist, find_sdist, unpack
 
 FA = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.14", cuda="13.0")
@@ -263,3 +265,173 @@ def test_timeout_kills_the_build_and_stores_the_log(tmp_path: Path, cudaext_sdis
             continue
     assert survivors == []
     assert not list((tmp_path / "work").iterdir())  # the workspace is removed
+
+
+# --- whole builds in the sandbox, of a C extension (no nvcc) -----------------------------
+
+CEXT = BuildSpec.create("cext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
+                        archs=["sm80"])
+
+
+def _cext_sdist(tmp_path: Path, name: str = "cext", **options: object) -> Path:
+    """The C extension fixture as an sdist, with ``build-options.json`` (sleep, print_mib)."""
+    src = tmp_path / f"{name}-src"
+    shutil.copytree(FIXTURES / "cext", src)
+    (src / "build-options.json").write_text(json.dumps(options))
+    return make_sdist(src, tmp_path / f"{name}-sdist", "cext", "0.1.0")
+
+
+@pytest.fixture
+def toolkit(tmp_path: Path) -> ToolkitInfo:
+    """A CUDA 13.0 toolkit's layout: the C extension needs no nvcc, only a toolkit to pick."""
+    home = fake_cuda_toolkit(tmp_path / "cuda-13.0", "13.0")
+    return ToolkitInfo(cuda="13.0", home=str(home), nvcc=str(home / "bin" / "nvcc"),
+                       release="V13.0.93")
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
+    tmp_path: Path, toolkit: ToolkitInfo, mode: str,
+) -> None:
+    """The torch check, the compile and the import check run in the sandbox (or, with
+    ``off``, say loudly that they did not); the wheel is checked and published; a build that
+    prints more than the log cap gets its log's head and tail and a note."""
+    config = build_config(tmp_path, build_sandbox=mode, build_log_max_mib=1)
+    storage = open_storage(config)
+    sdist = _cext_sdist(tmp_path, print_mib=4)
+
+    result = run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                       toolkits=[toolkit])
+
+    assert result.record.filename == CEXT.expected_wheel_name
+    sandbox = Sandbox.from_config(config)
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert 900_000 < len(log) < 1_100_000
+    head, cut, tail = log.partition(" bytes of output truncated here")
+    assert cut and "building cext 0.1.0" in head and f"published {CEXT.expected_wheel_name}" in tail
+    assert int(head.rsplit("[", 1)[1]) > 3 * 1024 * 1024  # the note says how much was cut
+    ran = [line for line in log.splitlines() if line.startswith("wheelhouse: $ ")]
+    python_steps = [line for line in ran if "/venv/bin/python" in line.split()[3]]
+    assert len(python_steps) == 3  # torch check, compile, import check
+    if sandbox is None:
+        assert result.build.sandbox == UNSANDBOXED
+        assert "WARNING: this build runs unsandboxed" in head
+        assert all(line.split()[2] == "[unsandboxed]" for line in python_steps)
+    else:
+        assert result.build.sandbox == sandbox.describe()
+        assert all(line.split()[2] == "[sandbox]" for line in python_steps)
+        uid = sandbox.uid if os.geteuid() == 0 else os.getuid()
+        assert f"cext: building as uid {uid} with HOME={tmp_path / 'work'}/" in head
+    # The venv's Python never ran as the worker after the requirements went in: uv installed
+    # the wheel for the import check with the base interpreter.
+    install = next(line for line in ran if "--prefix" in line)
+    assert "/venv/bin/python" not in install
+    assert not list((tmp_path / "work").iterdir())
+
+
+def test_two_builds_of_one_spec_on_one_host_leave_each_other_alone(
+    tmp_path: Path, toolkit: ToolkitInfo,
+) -> None:
+    """Each build's cookie is its own: the first to finish a step kills its own strays only,
+    not the other build's compile (which shared the cookie when build ids were job ids)."""
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+    sdist = _cext_sdist(tmp_path, sleep=8)
+    results: dict[int, BuildResult | BaseException] = {}
+
+    def build(n: int) -> None:
+        try:
+            results[n] = run_build(CEXT, config=config, storage=storage, source=sdist,
+                                   timeout=600, toolkits=[toolkit])
+        except BaseException as exc:  # the test reports it
+            results[n] = exc
+
+    threads = [threading.Thread(target=build, args=(n,)) for n in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=900)
+    assert all(isinstance(r, BuildResult) for r in results.values()), results
+    ids = {r.build.build_id for r in results.values() if isinstance(r, BuildResult)}
+    ids |= {r.record.build.build_id for r in results.values() if isinstance(r, BuildResult)}
+    assert len(ids) == 2 and {build_id_base(i) for i in ids} == {CEXT.job_id}
+
+
+def test_a_wheel_that_fails_its_checks_is_never_published(
+    tmp_path: Path, toolkit: ToolkitInfo,
+) -> None:
+    """What the build leaves is untrusted: a wheel whose RECORD does not match is classified
+    invalid-wheel and nothing is published."""
+    src = tmp_path / "tampering"
+    shutil.copytree(FIXTURES / "cext", src)
+    # An in-tree build backend that builds the wheel, then changes a file behind RECORD's back.
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "tamper"\n'
+        'backend-path = ["."]\n')
+    (src / "tamper.py").write_text(
+        "import zipfile\nfrom pathlib import Path\n"
+        "from setuptools.build_meta import *  # noqa\n"
+        "from setuptools import build_meta\n"
+        "def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):\n"
+        "    name = build_meta.build_wheel(wheel_directory, config_settings, metadata_directory)\n"
+        "    path = Path(wheel_directory) / name\n"
+        "    with zipfile.ZipFile(path) as zf:\n"
+        "        members = {i.filename: zf.read(i) for i in zf.infolist()}\n"
+        "    members['cext/__init__.py'] = b'print(\"not what RECORD says\")\\n'\n"
+        "    with zipfile.ZipFile(path, 'w') as zf:\n"
+        "        for member, data in members.items():\n"
+        "            zf.writestr(member, data)\n"
+        "    return name\n")
+    sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+
+    with pytest.raises(BuildFailed) as failed:
+        run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                  toolkits=[toolkit])
+
+    assert failed.value.kind is FailureKind.INVALID_WHEEL
+    assert "cext/__init__.py" in failed.value.reason and "RECORD" in failed.value.reason
+    assert not list(storage.list("records/"))
+    assert "FAILED [invalid-wheel]" in storage.get_bytes(log_key(CEXT)).decode()
+
+
+@pytest.fixture
+def failing_bwrap(tmp_path: Path) -> Path:
+    """A bubblewrap that fails as it does in a container without the privileges it needs."""
+    path = tmp_path / "bin" / "bwrap"
+    path.parent.mkdir()
+    path.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: "
+                    "Operation not permitted' >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_build_fails_closed_when_the_sandbox_cannot_be_made(
+    tmp_path: Path, toolkit: ToolkitInfo, failing_bwrap: Path,
+) -> None:
+    config = build_config(tmp_path, build_sandbox_bwrap=str(failing_bwrap))
+    storage = open_storage(config)
+
+    with pytest.raises(BuildFailed) as failed:
+        run_build(CEXT, config=config, storage=storage, source=_cext_sdist(tmp_path),
+                  timeout=600, toolkits=[toolkit])
+
+    assert failed.value.kind is FailureKind.SANDBOX_UNAVAILABLE
+    assert "Creating new namespace failed: Operation not permitted" in failed.value.reason
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert "$ " not in log  # nothing ran: no venv, no setup.py
+    assert "FAILED [sandbox-unavailable]" in log
+
+
+def test_wheelhouse_build_refuses_to_build_without_a_sandbox(
+    tmp_path: Path, failing_bwrap: Path,
+) -> None:
+    config = build_config(tmp_path, build_sandbox_bwrap=str(failing_bwrap))
+    out = run_console("build", str(_cext_sdist(tmp_path)), "--torch", "2.14", "--cuda", "13.0",
+                      config=config, cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "Error: refusing to build: the build sandbox cannot be created: bwrap: Creating new "
+        "namespace failed: Operation not permitted"]
+    assert not (tmp_path / "data").exists() or not list((tmp_path / "data").rglob("*.whl"))
