@@ -25,8 +25,10 @@ from worker.reaper import (
     BuildProcess,
     ReapReport,
     become_subreaper,
+    build_id_base,
     cgroup_base,
     is_subreaper,
+    unique_build_id,
 )
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
@@ -106,7 +108,8 @@ class Trees:
                **(extra_env or {})}
         build = BuildProcess.start(
             [sys.executable, str(HOSTILE / script), *args],
-            build_id=f"test-{os.getpid()}-{self.counter}-{name}", env=env, cwd=self.tmp_path,
+            build_id=unique_build_id(f"test-{os.getpid()}-{self.counter}-{name}"), env=env,
+            cwd=self.tmp_path,
             log_path=self.tmp_path / f"{name}.log", use_cgroup=use_cgroup,
         )
         self.builds.append(build)
@@ -278,7 +281,8 @@ def test_sweep_orphans_of_a_sigkilled_worker(trees: Trees) -> None:
     unrelated = trees.unrelated_nvcc()
     orphan_pids = trees.pid_dir("orphans")
     worker = subprocess.Popen(
-        [sys.executable, str(HOSTILE / "orphan_worker.py"), prefix + "dead", str(trees.tmp_path)],
+        [sys.executable, str(HOSTILE / "orphan_worker.py"), unique_build_id(prefix + "dead"),
+         str(trees.tmp_path)],
         env={**os.environ, "HOSTILE_PIDS": str(orphan_pids), "HOSTILE_NVCC": str(trees.nvcc)},
         stdout=subprocess.PIPE, cwd=REPO,
     )
@@ -293,7 +297,9 @@ def test_sweep_orphans_of_a_sigkilled_worker(trees: Trees) -> None:
     time.sleep(0.2)
     assert {role for _, role in _survivors(orphan_pids)} >= TREE_ROLES
 
-    live = [neighbour.build_id]
+    # Live builds are named by job, as workers advertise them: the cookie's base.
+    live = [build_id_base(neighbour.build_id)]
+    assert live != [neighbour.build_id]
     swept = subprocess.run(
         [sys.executable, "-c",
          "import json, sys; from dataclasses import asdict; "
@@ -313,6 +319,14 @@ def test_sweep_orphans_of_a_sigkilled_worker(trees: Trees) -> None:
     assert unrelated.poll() is None
     assert neighbour.poll() is None
     assert _dead(neighbour_pids) == []
+
+
+def test_build_ids_are_unique_and_keep_their_base() -> None:
+    base = "wh1a2b3c4d-build-flash-attn-2_8_3"
+    first, second = unique_build_id(base), unique_build_id(base)
+    assert first != second and first.startswith(base + ".")
+    assert build_id_base(first) == build_id_base(second) == base
+    assert build_id_base(base) == base  # an id from before suffixes is its own base
 
 
 def test_an_exception_during_wait_kills_the_tree(trees: Trees) -> None:
