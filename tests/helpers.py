@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
+
 if TYPE_CHECKING:
     from redis import Redis
 
@@ -281,6 +283,42 @@ def run_worker(config: Config, name: str, log: Path, *args: str,
                 break
             except subprocess.TimeoutExpired:
                 continue
+
+
+class Listener:
+    """A TCP listener on every host address that counts the connections it accepts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("0.0.0.0", 0))  # reachable on every address
+        self.sock.listen(16)
+        self.port: int = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        self._thread.join(timeout=5)
+
+
+def host_addresses() -> list[str]:
+    """This host's IPv4 addresses besides loopback (a build must reach none of them)."""
+    found = []
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            if addr.family == socket.AF_INET and not addr.address.startswith("127."):
+                found.append(addr.address)
+    return found
 
 
 class QuietHandler(BaseHTTPRequestHandler):

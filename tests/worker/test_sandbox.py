@@ -12,11 +12,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 import uuid
 import zipfile
@@ -27,7 +25,7 @@ import psutil
 import pytest
 import redis
 
-from tests.helpers import make_venv
+from tests.helpers import Listener, host_addresses, make_venv
 from tests.worker.conftest import FIXTURES, make_sdist
 from tests.worker.test_governor import JobStates
 from wheelhouse.config import Config
@@ -55,32 +53,6 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
                                 reason="bubblewrap is not installed (apt-get install bubblewrap)")
 
 
-class Listener:
-    """A TCP listener on every host address that counts the connections it accepts."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("0.0.0.0", 0))  # reachable on every address
-        self.sock.listen(16)
-        self.port: int = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-        self._thread.join(timeout=5)
-
-
 @pytest.fixture
 def listener() -> Iterator[Listener]:
     server = Listener()
@@ -88,16 +60,6 @@ def listener() -> Iterator[Listener]:
         yield server
     finally:
         server.close()
-
-
-def _host_addresses() -> list[str]:
-    """This host's IPv4 addresses besides loopback (a build must reach none of them)."""
-    found = []
-    for addrs in psutil.net_if_addrs().values():
-        for addr in addrs:
-            if addr.family == socket.AF_INET and not addr.address.startswith("127."):
-                found.append(addr.address)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +189,7 @@ def test_a_hostile_sdist_learns_nothing_reaches_nothing_and_writes_nothing_outsi
                  f"/proc/{os.getpid()}/environ"],
         "connect": [["redis", "127.0.0.1", redis_port], ["s3", "127.0.0.1", s3_port],
                     ["listener", "127.0.0.1", listener.port],
-                    *[["listener", addr, listener.port] for addr in _host_addresses()],
+                    *[["listener", addr, listener.port] for addr in host_addresses()],
                     ["public", "1.1.1.1", 443]],
         "kill": [fake_worker.pid, os.getpid()],
         "write": [str(p) for p in writes],
