@@ -286,13 +286,18 @@ def run_worker(config: Config, name: str, log: Path, *args: str,
 
 
 class Listener:
-    """A TCP listener on every host address that counts the connections it accepts."""
+    """A TCP listener on every host address that counts the connections it accepts; with
+    ``abstract``, a unix socket of that name in the abstract namespace instead."""
 
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("0.0.0.0", 0))  # reachable on every address
+    def __init__(self, abstract: str | None = None) -> None:
+        if abstract is None:
+            self.sock = socket.socket()
+            self.sock.bind(("0.0.0.0", 0))  # reachable on every address
+        else:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.bind("\0" + abstract)
         self.sock.listen(16)
-        self.port: int = self.sock.getsockname()[1]
+        self.port: int = self.sock.getsockname()[1] if abstract is None else 0
         self.accepted = 0
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()

@@ -93,6 +93,17 @@ def listener() -> Iterator[Listener]:
         server.close()
 
 
+@pytest.fixture
+def abstract_listener() -> Iterator[tuple[str, Listener]]:
+    """A unix socket in the abstract namespace (no file to hide it behind); yields its name."""
+    name = f"wheelhouse-test-{uuid.uuid4().hex}"
+    server = Listener(abstract=name)
+    try:
+        yield name, server
+    finally:
+        server.close()
+
+
 def _wait_for(what: str, check: Any, timeout: float, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -179,7 +190,8 @@ def _summary(findings: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothing(
     tmp_path: Path, guarded_redis: tuple[str, str], s3_server: str, listener: Listener,
-    monkeypatch: pytest.MonkeyPatch, artifacts_dir: Path,
+    abstract_listener: tuple[str, Listener], monkeypatch: pytest.MonkeyPatch,
+    artifacts_dir: Path,
 ) -> None:
     redis_url, redis_password = guarded_redis
     canaries = {name: f"canary-{name}-{uuid.uuid4().hex}" for name in (
@@ -226,6 +238,7 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
                         ["s3", "127.0.0.1", int(s3_server.rsplit(":", 1)[1])],
                         ["listener", "127.0.0.1", listener.port],
                         *[["listener", addr, listener.port] for addr in host_addresses()],
+                        ["abstract", abstract_listener[0], 0],
                         ["public", "1.1.1.1", 443]],
             "kill": [worker.pid],
             "write": [str(p) for p in writes],
@@ -294,7 +307,7 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
             assert findings["identity"]["uid"] == sandbox.uid
         assert not [d for d in findings["dev"] if d.startswith("nvidia")]
         # Every door was tried and none opened.
-        assert len(findings["connections"]) >= 4
+        assert len(findings["connections"]) >= 5
         assert all(r.startswith("failed") for r in findings["connections"].values()), \
             findings["connections"]
         assert all(r.startswith("failed") for pid, r in findings["signals"].items()
@@ -303,7 +316,7 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
                    if path != str(outside_tmp)), findings["writes"]  # /tmp is its own
 
     # No connection reached the services.
-    assert listener.accepted == 0
+    assert listener.accepted == 0 and abstract_listener[1].accepted == 0
     assert conn.info("errorstats").get("errorstat_NOAUTH", {}).get("count", 0) == noauth_before
     assert conn.get("hostile-was-here") is None
     assert "hostile-was-here" not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
