@@ -37,7 +37,7 @@ from wheelhouse.errors import BuildFailed, FailureKind, UnservableSpec
 from wheelhouse.fleet import build_id_prefix, live_workers
 from wheelhouse.storage import open_storage
 from worker.build import Reporter, log_key, run_build
-from worker.reaper import BUILD_ID_ENV, sweep_orphans
+from worker.reaper import BUILD_ID_ENV, build_id_base, sweep_orphans
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -227,7 +227,8 @@ def _build_processes(build_id: str) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(BUILD_ID_ENV) == build_id:
+            # The build's cookie is its id plus a suffix of its own.
+            if build_id_base(proc.environ().get(BUILD_ID_ENV, "")) == build_id:
                 found.append(proc)
         except psutil.Error:
             continue
