@@ -83,8 +83,14 @@ class BuildLog:
                 self.truncated += cut
 
     def _to_file(self, data: bytes) -> None:
-        with self.path.open("ab") as f:
-            f.write(data)
+        try:
+            with self.path.open("ab") as f:
+                f.write(data)
+        except OSError:
+            # A full disk costs the log these bytes, not the build: the drain must go on, or
+            # the build would block on (or, once the drain ends, be killed by) its output.
+            self.truncated += len(data)
+            return
         self._written += len(data)
 
     def drain(self, fd: int) -> Drain:

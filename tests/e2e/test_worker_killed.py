@@ -2,8 +2,9 @@
 the index never lists a partial wheel (issue 4).
 
 Sandboxed, the build dies with the worker (bubblewrap's ``--die-with-parent`` ends the sandbox's
-PID namespace, and the kernel everything in it); unsandboxed, the compilers outlive it and the
-restarted worker's sweep kills them.
+PID namespace, and the kernel everything in it). Unsandboxed, what writes to the build's output
+dies of SIGPIPE once the worker that drained it is gone, and whatever does not write (a compiler
+mid-file) lives on until the restarted worker's sweep kills it.
 """
 
 from __future__ import annotations
@@ -95,8 +96,6 @@ def test_sigkilled_worker(tmp_path: Path, redis_url: str, cudaext_sdist: Path,
     assert not anomalies, anomalies
     sweeps = re.findall(r"swept (\d+) orphaned process", log.read_text())
     assert len(sweeps) == 2, sweeps
-    if sandbox == "off":
-        assert int(sweeps[1]) >= 1, sweeps
 
 
 def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path) -> None:
@@ -140,8 +139,6 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
     survivors = alive()
     if config.build_sandbox == "on":
         _wait_for("the sandboxed build outlived its worker", lambda: not alive(), 30, log)
-    else:
-        assert survivors, "the compilers should outlive a SIGKILLed worker (that's the problem)"
     status = q.get_build(conn, job.job_id)
     assert status is not None and status.state is q.BuildState.BUILDING
 
