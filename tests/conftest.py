@@ -22,12 +22,19 @@ ARTIFACTS = Path(os.environ.get("WHEELHOUSE_TEST_ARTIFACTS", "test-artifacts")).
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tests marked ``nvcc`` skip with the reason where nvcc or torch is missing, and fail
-    instead where ``WHEELHOUSE_REQUIRE_NVCC=1`` (as in .ci/run)."""
+    """Tests marked ``nvcc`` skip with the reason where nvcc or torch is missing, and those
+    marked ``sandbox`` where bubblewrap is; both fail instead where ``WHEELHOUSE_REQUIRE_NVCC=1``
+    or ``WHEELHOUSE_REQUIRE_SANDBOX=1`` make them mandatory (as in .ci/run)."""
     if item.get_closest_marker("nvcc") is not None:
         from tests.worker.conftest import require_nvcc
 
         require_nvcc()
+    if item.get_closest_marker("sandbox") is not None and shutil.which("bwrap") is None:
+        reason = "bubblewrap is not installed (apt-get install bubblewrap)"
+        if os.environ.get("WHEELHOUSE_REQUIRE_SANDBOX") == "1":
+            pytest.fail(f"sandbox tests are mandatory here (WHEELHOUSE_REQUIRE_SANDBOX=1), "
+                        f"but {reason}")
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

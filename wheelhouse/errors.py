@@ -121,7 +121,6 @@ class FailureKind(StrEnum):
     UNVERIFIED_SOURCE = "unverified-source"
     """The upstream index publishes no sha256 for the sdist, or the download does not match
     it: wheelhouse builds only source it can verify. Not retried."""
-
     UNSAFE_ARCHIVE = "unsafe-archive"
     """The sdist holds members that would land outside its directory (``..``, absolute paths,
     links out of the tree), or is not a readable archive: not retried."""

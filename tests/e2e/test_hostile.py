@@ -49,8 +49,7 @@ from worker.build import log_key
 from worker.sandbox import Sandbox
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("bwrap") is None,
-                       reason="bubblewrap is not installed (apt-get install bubblewrap)"),
+    pytest.mark.sandbox,
     pytest.mark.skipif(shutil.which("redis-server") is None,
                        reason="redis-server is not installed"),
     pytest.mark.skipif(not any(Path(TORCH_FIND_LINKS).glob("torch-2.14.*.whl")),

@@ -49,8 +49,7 @@ HOSTILE_SCRIPTS = Path(__file__).resolve().parent / "hostile"
 IS_ROOT = os.geteuid() == 0
 MiB = 1 << 20
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
-                                reason="bubblewrap is not installed (apt-get install bubblewrap)")
+pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture
