@@ -91,6 +91,8 @@ class FailureKind(StrEnum):
     """Storage, network or Redis failed: retried with backoff."""
     CANCELLED = "cancelled"
     """Someone cancelled the build."""
+    PATCH_FAILED = "patch-failed"
+    """A recipe patch no longer applies to the sdist (it changed upstream): not retried."""
 
     @property
     def retryable(self) -> bool:
@@ -118,3 +120,10 @@ class BuildFailed(WheelhouseError, RuntimeError):
         #: What the build had measured when it failed (seconds, reaped, governor pauses); set
         #: by the builder on the way out.
         self.facts: BuildFacts | None = None
+
+
+class PatchFailed(BuildFailed):
+    """A recipe patch that does not apply to the sdist (kind ``patch-failed``): not retried."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(FailureKind.PATCH_FAILED, reason)
