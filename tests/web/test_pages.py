@@ -215,7 +215,9 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     sign_in(client, token(conn))
     page = client.get("/request").text
     options = _options(page)
-    assert '<option value="flash-attn" selected>' in page
+    # Every project with a recipe of its own is offered; the first (alphabetically) is selected.
+    assert '<option value="causal-conv1d" selected>' in page
+    assert '<option value="flash-attn">' in page and '<option value="mamba-ssm">' in page
     cuda = {v: o for v, o in options["cuda"].items() if v}
     assert set(cuda) == set(KNOWN_CUDA)
     # A 12.8 toolkit builds every CUDA 12.x up to 12.8, never 12.9 or 13.x.
@@ -310,7 +312,7 @@ def test_versions_come_from_the_upstream_index(
     advertise_worker(conn)
     client = make_app(redis_url, tmp_path, upstream=upstream_json).test_client()
     sign_in(client, token(conn))
-    page = client.get("/request").text
+    page = client.get("/request?project=flash-attn").text
     datalist = page[page.index('<datalist id="version-list">'):]
     assert datalist.index('"2.8.3"') < datalist.index('"2.8.2"') < datalist.index('"2.7.4"')
     assert "3 versions on the upstream index" in page
