@@ -265,12 +265,14 @@ def _git(args: list[str], patch: Patch, source_dir: Path) -> subprocess.Complete
     env = {
         "PATH": os.environ.get("PATH", os.defpath),
         "LC_ALL": "C",
-        # Never treat a repository around the workspace as the tree to patch, and ignore the
-        # host's git configuration (apply.whitespace and friends change what applies).
-        "GIT_CEILING_DIRECTORIES": str(base.parent),
+        # No repository at all: not one around the workspace (git apply would take paths from
+        # its top and silently skip files outside the current directory), nor a .git shipped in
+        # the sdist (its config is not ours to read). Nor the host's configuration
+        # (apply.whitespace and friends change what applies).
+        "GIT_DIR": os.devnull,
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": os.devnull,
-        "HOME": str(base),
+        "HOME": str(base.parent),
     }
     try:
         return subprocess.run(

@@ -343,6 +343,7 @@ def test_a_repository_around_the_workspace_is_not_what_gets_patched(tmp_path: Pa
     assert "--threads" in (src / "setup.py").read_text()
 
 
+
 # --- the built-in recipes on the real sdists from PyPI --------------------------------------------
 
 
