@@ -324,7 +324,7 @@ def test_a_project_upstream_does_not_list_is_said_so(
     elsewhere = upstream_json.replace("/simple/", "/other/")  # answers 404 for flash-attn
     client = make_app(redis_url, tmp_path, upstream=elsewhere).test_client()
     sign_in(client, token(conn))
-    page = client.get("/request").text
+    page = client.get("/request?project=flash-attn").text
     assert "The upstream index lists no release of flash-attn" in page
     assert "did not answer" not in page
 
@@ -353,7 +353,7 @@ def test_versions_come_from_an_html_only_upstream(
     with serve_http(_HtmlOnlyUpstream) as url:
         client = make_app(redis_url, tmp_path, upstream=f"{url}/simple/").test_client()
         sign_in(client, token(conn))
-        page = client.get("/request").text
+        page = client.get("/request?project=flash-attn").text
     datalist = page[page.index('<datalist id="version-list">'):page.index("</datalist>")]
     shown = [m.split('"')[1] for m in datalist.split("<option value=")[1:]]
     assert shown == ["2.8.3.post1", "2.8.3", "2.8.2", "2.7.4"]  # newest first, no dev releases

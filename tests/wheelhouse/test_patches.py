@@ -17,8 +17,7 @@ from packaging.version import Version
 
 from tests.helpers import clean_env, make_venv, make_wheel
 from tests.wheelhouse.test_wheels import assert_record_matches
-from wheelhouse.buildspec import FailureKind
-from wheelhouse.errors import BuildFailed, InvalidRecipe, PatchFailed
+from wheelhouse.errors import BuildFailed, FailureKind, InvalidRecipe, PatchFailed
 from wheelhouse.patches import (
     AppliedPatch,
     Patch,
@@ -234,7 +233,7 @@ def test_a_replacement_that_no_longer_matches_fails_and_changes_nothing(
     with pytest.raises(PatchFailed) as caught:
         apply_patches([patch], src)
     assert isinstance(caught.value, BuildFailed)
-    assert caught.value.kind == FailureKind.PATCH_FAILED == "patch_failed"
+    assert caught.value.kind == FailureKind.PATCH_FAILED == "patch-failed"
     reason = caught.value.reason
     assert "\n" not in reason
     assert reason.startswith("patch thing/cxx20 does not apply: setup.py holds '-std=c++17' "
