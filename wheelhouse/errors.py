@@ -93,6 +93,10 @@ class FailureKind(StrEnum):
     """Someone cancelled the build."""
     PATCH_FAILED = "patch-failed"
     """A recipe patch no longer applies to the sdist (it changed upstream): not retried."""
+    NO_DEVICE_CODE = "no-device-code"
+    """The wheel lacks GPU code (SASS) for a requested architecture: never published."""
+    LOAD_ERROR = "load-error"
+    """A built library does not load the way its package loads it: not retried."""
 
     @property
     def retryable(self) -> bool:
