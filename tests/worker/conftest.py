@@ -114,7 +114,7 @@ def pip_wheel(python: Path, src: Path, out: Path, env: dict[str, str]) -> Path:
                 "MAX_JOBS": "2", "TORCH_NO_COMPILER_WRAPPER": "1", **env}
     log = out.parent / "build.log"
     with log.open("w") as f:
-        done = subprocess.run([str(python), "-m", "pip", "wheel", "--no-build-isolation",
+        done = subprocess.run([str(python), "-m", "pip", "wheel", "-v", "--no-build-isolation",
                                "--no-deps", "--no-index", "-w", str(out), str(work)],
                               stdout=f, stderr=subprocess.STDOUT, env=full_env, cwd=work,
                               check=False)
