@@ -211,6 +211,7 @@ class CompileCache:
     runtime_dir: Path
     basedirs: Sequence[Path] = ()
     credentials: Mapping[str, str] = field(default_factory=dict)
+    idle_timeout: int = 3600
     _server: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -234,7 +235,8 @@ class CompileCache:
             # a daemon and return).
             "SCCACHE_START_SERVER": "1",
             "SCCACHE_NO_DAEMON": "1",
-            "SCCACHE_IDLE_TIMEOUT": "0",  # lives as long as the build; stop() ends it
+            # stop() ends it; the timeout only reaps a server whose worker died unawares.
+            "SCCACHE_IDLE_TIMEOUT": str(self.idle_timeout),
             "SCCACHE_ERROR_LOG": str(self.log),
             "SCCACHE_LOG": "warn",
         })
@@ -244,7 +246,11 @@ class CompileCache:
         return env
 
     def start(self, base_env: Mapping[str, str], *, timeout: float = 30.0) -> None:
-        """Start the server in the foreground and wait until it answers on its socket."""
+        """Start the server in the foreground and wait until it answers on its socket.
+
+        ``base_env`` should be the build's own environment (with its build-id cookie), so that
+        the reaper and the start-up sweep find the server and its compilers as the build's.
+        """
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
         with self.log.open("ab") as log:

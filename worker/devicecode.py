@@ -2,12 +2,11 @@
 
 nvcc embeds device code in the host ELF's ``.nv_fatbin`` section (``__nv_relfatbin`` for
 relocatable device code): one or more fat binary containers, each a list of entries, one per
-SASS cubin (``sm_XX``) or PTX text (``compute_XX``). Only the entry headers are read; the payloads
-(often compressed) are never touched, so a multi-gigabyte flash-attn library is scanned in
-milliseconds. The layout is undocumented by NVIDIA; it follows the reverse-engineered headers of
-n-eiling/cuda-fatbin-decompression (``fatbin-decompress.h``: ``fat_elf_header`` and
-``fat_text_header``), as also used by jiegec/fatbinary (``src/lib.rs``), and the test suite checks
-it against NVIDIA's own ``cuobjdump --list-elf/--list-ptx``.
+SASS cubin (``sm_XX``) or PTX text (``compute_XX``). Only the entry headers are parsed, never the
+(often compressed) payloads. The layout is undocumented by NVIDIA; it follows the
+reverse-engineered headers of n-eiling/cuda-fatbin-decompression (``fatbin-decompress.h``:
+``fat_elf_header``, ``fat_text_header``), as also used by jiegec/fatbinary (``src/lib.rs``), and
+the test suite checks it against NVIDIA's own ``cuobjdump --list-elf/--list-ptx``.
 
 Container header (16 bytes, little-endian): u32 magic 0xBA55ED50, u16 version (1), u16 header
 size (16), u64 size of the entries that follow. Entry header: u16 kind (1 PTX, 2 ELF/SASS), u16,
@@ -28,11 +27,13 @@ but a wheel where no library holds device code fails.
 
 from __future__ import annotations
 
-import io
 import re
+import shutil
 import struct
+import tempfile
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -141,16 +142,26 @@ def shared_libraries(wheel: zipfile.ZipFile) -> list[str]:
                   if _SHARED_LIBRARY.search(name) and ".dist-info/" not in name)
 
 
+@contextmanager
+def open_library(wheel: zipfile.ZipFile, name: str) -> Iterator[IO[bytes]]:
+    """A seekable copy of one archive member: pyelftools seeks around, and a zip member stream
+    seeks by decompressing again. Spooled to disk past 64 MiB (flash-attn's library is ~1 GB)."""
+    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as copy, wheel.open(name) as member:
+        shutil.copyfileobj(member, copy, 1 << 20)
+        copy.seek(0)
+        yield copy
+
+
 def wheel_device_code(wheel: Path) -> dict[str, DeviceCode]:
     """Device code per shared library of a wheel, keyed by archive path."""
     found: dict[str, DeviceCode] = {}
     with zipfile.ZipFile(wheel) as zf:
         for name in shared_libraries(zf):
-            # pyelftools seeks around; a zip member stream seeks by re-reading, so read it once.
-            try:
-                found[name] = library_device_code(io.BytesIO(zf.read(name)))
-            except ValueError:
-                found[name] = DeviceCode()  # a linker script or stub: holds no device code
+            with open_library(zf, name) as stream:
+                try:
+                    found[name] = library_device_code(stream)
+                except ValueError:
+                    found[name] = DeviceCode()  # a linker script or stub: holds no device code
     return found
 
 

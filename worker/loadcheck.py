@@ -18,7 +18,6 @@ into ``load-error`` with the loader's own one-line message.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import zipfile
@@ -26,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import IO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
@@ -33,7 +33,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from wheelhouse.errors import BuildFailed, FailureKind
-from worker.devicecode import shared_libraries
+from worker.devicecode import open_library, shared_libraries
 
 #: Libraries whose presence among a library's DT_NEEDED marks it as a torch operator library.
 _TORCH_LIBRARIES = re.compile(r"^lib(?:torch|torch_cpu|torch_cuda|c10|c10_cuda)\.so")
@@ -151,21 +151,30 @@ def _links_torch(elf: ELFFile) -> bool:
     return False
 
 
-def library_step(archive_path: str, data: bytes) -> tuple[Step, bool]:
+def installed_path(archive_path: str) -> str:
+    """Where a wheel member lands relative to platlib: ``x-1.0.data/platlib/a.so`` → ``a.so``."""
+    parts = archive_path.split("/")
+    if len(parts) > 2 and parts[0].endswith(".data") and parts[1] in ("platlib", "purelib"):
+        return "/".join(parts[2:])
+    return archive_path
+
+
+def library_step(archive_path: str, stream: IO[bytes]) -> tuple[Step, bool]:
     """How to load one library, and whether it needs ``import torch`` first."""
+    target = installed_path(archive_path)
     try:
-        elf = ELFFile(io.BytesIO(data))
-        python_module = _is_python_module(elf, archive_path)
+        elf = ELFFile(stream)
+        python_module = _is_python_module(elf, target)
         torch = _links_torch(elf)
     except ELFError:
-        return Step(How.CTYPES, archive_path), False
+        return Step(How.CTYPES, target), False
     if python_module:
-        path = Path(archive_path)
+        path = Path(target)
         dotted = ".".join([*path.parent.parts, path.name.split(".", 1)[0]])
         return Step(How.IMPORT, dotted), torch
     if torch:
-        return Step(How.TORCH_LIBRARY, archive_path), True
-    return Step(How.CTYPES, archive_path), False
+        return Step(How.TORCH_LIBRARY, target), True
+    return Step(How.CTYPES, target), False
 
 
 def recipe_step(text: str) -> Step:
@@ -184,7 +193,10 @@ def plan(wheel: Path, imports: Iterable[str] = ()) -> list[Step]:
     needs_torch = False
     with zipfile.ZipFile(wheel) as zf:
         for name in shared_libraries(zf):
-            step, torch = library_step(name, zf.read(name))
+            if name.split("/", 1)[0].endswith(".data") and installed_path(name) == name:
+                continue  # scripts/headers/data of the wheel: not loaded by the package
+            with open_library(zf, name) as stream:
+                step, torch = library_step(name, stream)
             steps.append(step)
             needs_torch = needs_torch or torch
     head = [Step(How.IMPORT, "torch")] if needs_torch else []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from wheelhouse.errors import BuildFailed, FailureKind
-from worker.loadcheck import How, Step, argv, check, parse, plan, recipe_step
+from worker.loadcheck import How, Step, argv, check, installed_path, parse, plan, recipe_step
 
 
 def run_check(python: Path, steps: list[Step]) -> tuple[str, int]:
@@ -126,3 +126,13 @@ def test_library_output_does_not_confuse_the_parser() -> None:
 ])
 def test_recipe_entries(text: str, step: Step) -> None:
     assert recipe_step(text) == step
+
+
+@pytest.mark.parametrize(("member", "installed"), [
+    ("torch_scatter/_scatter_cuda.so", "torch_scatter/_scatter_cuda.so"),
+    ("x-1.0.data/platlib/x/_C.so", "x/_C.so"),
+    ("x-1.0.data/purelib/libfoo.so.1", "libfoo.so.1"),
+    ("x-1.0.data/scripts/tool.so", "x-1.0.data/scripts/tool.so"),
+])
+def test_installed_path(member: str, installed: str) -> None:
+    assert installed_path(member) == installed
