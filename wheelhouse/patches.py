@@ -23,13 +23,14 @@ import os
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from wheelhouse.buildfacts import AppliedPatch
 from wheelhouse.errors import InvalidRecipe, PatchFailed
 from wheelhouse.wheels import add_description_note
 
@@ -93,29 +94,6 @@ class Patch:
         """
         return (self.versions.contains(version, prereleases=True)
                 and self.torch.contains(torch, prereleases=True))
-
-
-@dataclass(frozen=True)
-class AppliedPatch:
-    """What the build record, the build page and the wheel's METADATA say about a patch."""
-
-    recipe: str
-    id: str
-    description: str
-    sha256: str
-
-    @property
-    def ref(self) -> str:
-        return f"{self.recipe}/{self.id}"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"recipe": self.recipe, "id": self.id, "description": self.description,
-                "sha256": self.sha256}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> AppliedPatch:
-        return cls(recipe=str(data["recipe"]), id=str(data["id"]),
-                   description=str(data["description"]), sha256=str(data["sha256"]))
 
 
 # --- parsing (called by wheelhouse.recipes) ---------------------------------------------------
