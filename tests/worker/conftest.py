@@ -6,6 +6,7 @@ import io
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -103,9 +104,11 @@ def torch_venv(dest: Path, python: str = "3.11") -> Path:
     return interpreter
 
 
-def pip_wheel(python: Path, src: Path, out: Path, env: dict[str, str]) -> Path:
+def pip_wheel(python: Path, src: Path, out: Path, env: dict[str, str],
+              wrap: Callable[[list[str]], list[str]] | None = None) -> Path:
     """``pip wheel`` of a source tree copied into ``out``'s parent (so build/ stays out of the
-    repository); returns the wheel. Output goes to ``out/../build.log``."""
+    repository); returns the wheel. Output goes to ``out/../build.log``. ``wrap`` puts a
+    command around pip's (the compile cache's wrapper)."""
     import subprocess
 
     work = out.parent / f"src-{src.name}"
@@ -114,10 +117,10 @@ def pip_wheel(python: Path, src: Path, out: Path, env: dict[str, str]) -> Path:
                 "MAX_JOBS": "2", "TORCH_NO_COMPILER_WRAPPER": "1", **env}
     log = out.parent / "build.log"
     with log.open("w") as f:
-        done = subprocess.run([str(python), "-m", "pip", "wheel", "-v", "--no-build-isolation",
-                               "--no-deps", "--no-index", "-w", str(out), str(work)],
-                              stdout=f, stderr=subprocess.STDOUT, env=full_env, cwd=work,
-                              check=False)
+        argv = [str(python), "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+                "--no-index", "-w", str(out), str(work)]
+        done = subprocess.run(wrap(argv) if wrap else argv, stdout=f, stderr=subprocess.STDOUT,
+                              env=full_env, cwd=work, check=False)
     if done.returncode != 0:
         raise AssertionError(f"building {src.name} failed:\n{log.read_text()[-4000:]}")
     [wheel] = out.glob("*.whl")

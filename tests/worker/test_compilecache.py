@@ -1,25 +1,31 @@
-"""The compile cache with a real sccache server: disk, S3 (moto over HTTP) and a torch build."""
+"""The compile cache with a real sccache server: the build's wrapper, namespaces, sharing
+through S3 storage (moto over HTTP), a torch build, and the nvcc >= 13.3 rule."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from tests.worker.conftest import CUDAEXT, host_cuda_home, pip_wheel, torch_venv
+from wheelhouse.buildfacts import CompileCacheStats
+from wheelhouse.storage import S3Storage
 from worker.compilecache import (
     NO_WRAPPER,
     SCCACHE_VERSION,
-    CacheStats,
+    SERVER_MARK,
     CompileCache,
     DiskBackend,
-    S3Backend,
     find_sccache,
+    namespace,
     nvcc_cacheable,
+    pull,
+    push,
     sccache_version,
 )
 
@@ -32,27 +38,18 @@ def sccache() -> Path:
     return found
 
 
-@pytest.fixture
-def servers() -> Iterator[list[CompileCache]]:
-    """Stops every server a test started, whatever happens."""
-    started: list[CompileCache] = []
-    yield started
-    for cache in started:
-        cache.stop()
-
-
-def compile_in(cache: CompileCache, servers: list[CompileCache], workdir: Path,
-               base_env: dict[str, str] | None = None) -> CacheStats:
-    """Start the server, compile ``workdir/x.cpp`` through the CXX launcher, stop, return stats."""
+def compile_in(cache: CompileCache, workdir: Path) -> CompileCacheStats:
+    """Compile ``workdir/x.cpp`` through the CXX launcher inside the build's wrapper, as a build
+    does; return the statistics the wrapper left."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "x.cpp").write_text(SOURCE)
-    servers.append(cache)
-    cache.start(base_env or dict(os.environ))
-    env = {**os.environ, **cache.client_env(nvcc=None)}
-    subprocess.run([env["CXX"], "-O2", "-c", str(workdir / "x.cpp"), "-o",
-                    str(workdir / "x.o")], env=env, check=True, capture_output=True)
-    stats = cache.stop()
-    assert stats is not None
+    argv = cache.wrap(sys.executable, ["sh", "-c", '"$CXX" -O2 -c "$PWD/x.cpp" -o x.o'],
+                      nvcc=None)
+    done = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"compile cache: sccache {cache.directory}" in done.stdout
+    stats = cache.read_stats()
+    assert stats is not None, (cache.log.read_text() if cache.log.exists() else done.stdout)
     return stats
 
 
@@ -75,43 +72,43 @@ def test_nvcc_cacheable(sccache_v: tuple[int, int, int], nvcc_v: tuple[int, int]
     assert ("misparses" in line) is not cacheable
 
 
-def test_base_directories_make_another_workspace_hit(tmp_path: Path,
-                                                     servers: list[CompileCache]) -> None:
+def test_base_directories_make_another_workspace_hit(tmp_path: Path) -> None:
     backend = DiskBackend(tmp_path / "cache")
 
-    def build(name: str, basedirs: bool) -> CacheStats:
+    def build(name: str, basedirs: bool) -> CompileCacheStats:
         workspace = tmp_path / name
-        return compile_in(CompileCache(sccache(), backend, "demo", workspace / "run",
+        return compile_in(CompileCache(sccache(), backend, "demo/cu130", workspace / "run",
                                        basedirs=[workspace] if basedirs else []),
-                          servers, workspace / "src")
+                          workspace / "src")
 
     first = build("one", basedirs=True)
     assert (first.requests, first.hits, first.misses) == (1, 0, 1)
-    assert first.location.endswith(f"{tmp_path / 'cache' / 'demo'}\"")
+    assert f"{tmp_path / 'cache' / 'demo' / 'cu130'}" in first.location
     # The same source (with __FILE__ in it) in another workspace: a hit thanks to the basedirs.
     second = build("two", basedirs=True)
     assert (second.hits, second.misses) == (1, 0) and second.hit_rate == 1.0
     assert second.to_dict()["hits_by_language"] == {"C/C++": 1}
     # Without them, the workspace path in the preprocessed source makes it a miss.
     assert (build("three", basedirs=False).misses) == 1
+    # The wrapper took its server down: nothing answers on the socket any more.
+    assert not (tmp_path / "two" / "run" / "sccache.sock").exists()
 
 
-def test_projects_do_not_share_entries(tmp_path: Path, servers: list[CompileCache]) -> None:
+def test_projects_do_not_share_entries(tmp_path: Path) -> None:
     backend = DiskBackend(tmp_path / "cache")
     workspace = tmp_path / "ws"
-    one = compile_in(CompileCache(sccache(), backend, "one", tmp_path / "r1",
-                                  basedirs=[workspace]), servers, workspace)
-    other = compile_in(CompileCache(sccache(), backend, "other", tmp_path / "r2",
-                                    basedirs=[workspace]), servers, workspace)
+    one = compile_in(CompileCache(sccache(), backend, namespace("one", "13.0"), tmp_path / "r1",
+                                  basedirs=[workspace]), workspace)
+    other = compile_in(CompileCache(sccache(), backend, namespace("other", "13.0"),
+                                    tmp_path / "r2", basedirs=[workspace]), workspace)
     assert one.misses == other.misses == 1
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["one", "other"]
+    assert [p.name for p in (tmp_path / "cache" / "one").iterdir()] == ["cu130"]
 
 
-def test_the_launcher_env_disables_torchs_own_wrapper(tmp_path: Path,
-                                                      servers: list[CompileCache]) -> None:
-    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo", tmp_path / "run")
-    servers.append(cache)
-    cache.start(dict(os.environ))
+def test_the_launchers_and_the_server_environment(tmp_path: Path) -> None:
+    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo/cu130",
+                         tmp_path / "run", basedirs=[tmp_path / "ws"])
     env = cache.client_env(nvcc=Path("/opt/cuda/bin/nvcc"))
     assert env["TORCH_NO_COMPILER_WRAPPER"] == NO_WRAPPER["TORCH_NO_COMPILER_WRAPPER"] == "1"
     assert env["PYTORCH_NVCC"] == f"{sccache()} /opt/cuda/bin/nvcc"
@@ -119,38 +116,79 @@ def test_the_launcher_env_disables_torchs_own_wrapper(tmp_path: Path,
     # Named like the real compiler, so torch's ABI check recognises g++/gcc/clang.
     real = Path(shutil.which("c++") or "").resolve()
     assert Path(env["CXX"]).name == real.name and os.access(env["CXX"], os.X_OK)
-    assert env["SCCACHE_SERVER_UDS"] == str(cache.socket) and cache.socket.exists()
     assert "SCCACHE_DIR" not in env  # the cache's settings stay with the server
+    server = cache.server_env()
+    assert server["SCCACHE_DIR"] == str(tmp_path / "cache" / "demo" / "cu130")
+    assert server["SCCACHE_BASEDIRS"] == str((tmp_path / "ws").resolve())
+    assert not [k for k in server if k.startswith("AWS_")]  # no credentials, ever
 
 
-def test_s3_backend_against_moto(tmp_path: Path, servers: list[CompileCache], s3_server: str,
-                                 s3_env: dict[str, str]) -> None:
-    import boto3
+def test_the_wrapper_marks_its_server_and_passes_the_exit_status(tmp_path: Path) -> None:
+    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo/cu130",
+                         tmp_path / "run")
+    # The compile sees the socket and the launcher but not the server's mark or settings.
+    probe = ('import os, sys; print(sorted(k for k in os.environ if k.startswith(("SCCACHE", '
+             f'"{SERVER_MARK}")))); sys.exit(3)')
+    done = subprocess.run(cache.wrap(sys.executable, [sys.executable, "-c", probe], nvcc=None),
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 3, done.stderr
+    assert "['SCCACHE_SERVER_UDS']" in done.stdout
+    assert cache.read_stats() is not None
 
-    client = boto3.client("s3", endpoint_url=s3_server)
-    client.create_bucket(Bucket="wheels")
-    backend = S3Backend(bucket="wheels", prefix="idx/sccache/", endpoint=s3_server)
-    assert backend.env("demo")["SCCACHE_ENDPOINT"] == s3_server.removeprefix("http://")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+def test_without_a_server_the_compile_runs_uncached(tmp_path: Path) -> None:
+    broken = tmp_path / "not-sccache"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    cache = CompileCache(broken, DiskBackend(tmp_path / "cache"), "demo/cu130", tmp_path / "run")
+    done = subprocess.run(cache.wrap(sys.executable, ["sh", "-c", 'echo "CXX=${CXX:-unset}"'],
+                                     nvcc=None), capture_output=True, text=True, check=False)
+    assert done.returncode == 0
+    assert "compile cache unavailable, compiling without it" in done.stdout
+    assert "CXX=unset" in done.stdout and cache.read_stats() is None
+
+
+def test_entries_are_shared_through_s3_storage(tmp_path: Path, s3_storage: S3Storage) -> None:
+    """Host A compiles and pushes; host B (an empty cache directory) pulls and hits."""
+    space = namespace("demo", "13.0")
     workspace = tmp_path / "ws"
+    host_a = DiskBackend(tmp_path / "a")
+    fetched, known = pull(s3_storage, space, host_a.path(space))
+    assert (fetched, known) == (0, set())
+    first = compile_in(CompileCache(sccache(), host_a, space, tmp_path / "r1",
+                                    basedirs=[workspace]), workspace)
+    assert first.misses == 1
+    sent = push(s3_storage, space, host_a.path(space), known)
+    keys = [o.key for o in s3_storage.list("sccache/")]
+    assert sent == len(keys) >= 1 and all(k.startswith("sccache/demo/cu130/") for k in keys)
+    assert push(s3_storage, space, host_a.path(space), set(k.split("/", 3)[3] for k in keys)) == 0
 
-    def build(run: str) -> CacheStats:
-        return compile_in(CompileCache(sccache(), backend, "demo", tmp_path / run,
-                                       basedirs=[workspace], credentials=s3_env),
-                          servers, workspace, base)
+    host_b = DiskBackend(tmp_path / "b")
+    fetched, _ = pull(s3_storage, space, host_b.path(space))
+    assert fetched == len(keys)
+    second = compile_in(CompileCache(sccache(), host_b, space, tmp_path / "r2",
+                                     basedirs=[workspace]), workspace)
+    assert (second.hits, second.misses) == (1, 0)
 
-    first = build("r1")
-    assert (first.misses, first.errors) == (1, 0), first
-    keys = [o["Key"] for o in client.list_objects_v2(Bucket="wheels")["Contents"]]
-    assert keys and all(k.startswith("idx/sccache/demo/") for k in keys)
-    assert build("r2").hits == 1  # nothing on local disk: the hit came from S3
-    assert "s3" in first.location.lower()
+
+def test_push_never_follows_links_the_build_planted(tmp_path: Path,
+                                                    s3_storage: S3Storage) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("worker credentials")
+    directory = tmp_path / "cache" / "demo" / "cu130"
+    (directory / "a").mkdir(parents=True)
+    (directory / "a" / "entry").write_text("a real entry")
+    (directory / "a" / "link").symlink_to(secret)
+    (directory / "escape").symlink_to(tmp_path)
+    os.link(secret, directory / "a" / "hardlink")
+    assert push(s3_storage, "demo/cu130", directory, set()) == 1
+    assert [o.key for o in s3_storage.list("sccache/")] == ["sccache/demo/cu130/a/entry"]
 
 
 @pytest.mark.nvcc
 @pytest.mark.slow
 def test_a_second_torch_build_hits_for_every_compile(
-        session_torch_python: Path, tmp_path: Path, servers: list[CompileCache]) -> None:
+        session_torch_python: Path, tmp_path: Path) -> None:
     """The fixture extension through torch's cpp_extension: built from the same source path
     with two different venvs; the second build compiles nothing."""
     other_python = torch_venv(tmp_path / "venv2")
@@ -161,17 +199,16 @@ def test_a_second_torch_build_hits_for_every_compile(
         site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
                                     "get_path('platlib'))"], capture_output=True, text=True,
                                    check=True).stdout.strip())
-        cache = CompileCache(sccache(), backend, "cudaext", tmp_path / f"run{n}",
+        cache = CompileCache(sccache(), backend, "cudaext/cu130", tmp_path / f"run{n}",
                              basedirs=[src_root, site])
-        servers.append(cache)
-        cache.start(dict(os.environ))
         out = src_root / f"dist{n}"
         shutil.rmtree(src_root / "src-cudaext", ignore_errors=True)
         wheel = pip_wheel(python, CUDAEXT, out, {
-            **cache.client_env(nvcc=Path(host_cuda_home()) / "bin" / "nvcc"),
-            "CUDA_HOME": host_cuda_home(), "TORCH_CUDA_ARCH_LIST": "8.0"})
+            "CUDA_HOME": host_cuda_home(), "TORCH_CUDA_ARCH_LIST": "8.0"},
+            wrap=partial(cache.wrap, python, nvcc=Path(host_cuda_home()) / "bin" / "nvcc",
+                         path=f"{python.parent}{os.pathsep}{os.environ['PATH']}"))
         assert wheel.exists()
-        stats = cache.stop()
+        stats = cache.read_stats()
         assert stats is not None
         results.append(stats)
     first, second = results
@@ -182,7 +219,7 @@ def test_a_second_torch_build_hits_for_every_compile(
 @pytest.mark.slow
 @pytest.mark.parametrize("cuda", ["13.2", "13.3"])
 def test_nvcc_cacheable_matches_what_the_pinned_sccache_does(
-        cuda: str, tmp_path: Path, servers: list[CompileCache]) -> None:
+        cuda: str, tmp_path: Path) -> None:
     """nvcc from NVIDIA's wheels on PyPI (13.3 is the first whose --dryrun 0.16.0 misparses):
     the rule in nvcc_cacheable is what this sccache really does."""
     from worker.toolkit import provision
@@ -190,13 +227,12 @@ def test_nvcc_cacheable_matches_what_the_pinned_sccache_does(
     toolkit = provision(cuda, tmp_path / "toolkits", uv=shutil.which("uv") or "uv",
                         index_url="https://pypi.org/simple")
     (tmp_path / "add.cu").write_text((CUDAEXT / "csrc" / "add.cu").read_text())
-    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo", tmp_path / "run")
-    servers.append(cache)
-    cache.start(dict(os.environ))
-    env = {**os.environ, **cache.client_env(nvcc=Path(toolkit.nvcc))}
-    done = subprocess.run([*env["PYTORCH_NVCC"].split(), "-c", str(tmp_path / "add.cu"), "-o",
-                           str(tmp_path / "add.o"), "-gencode", "arch=compute_80,code=sm_80"],
-                          env=env, capture_output=True, text=True, check=False)
+    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo/cu13",
+                         tmp_path / "run")
+    compile_add = ('$PYTORCH_NVCC -c add.cu -o add.o -gencode arch=compute_80,code=sm_80')
+    done = subprocess.run(cache.wrap(sys.executable, ["sh", "-c", compile_add],
+                                     nvcc=Path(toolkit.nvcc)),
+                          cwd=tmp_path, capture_output=True, text=True, check=False)
     version = sccache_version(sccache())
     assert version is not None
     major, minor = (int(p) for p in cuda.split("."))
