@@ -31,7 +31,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from wheelhouse.config import Config
 from wheelhouse.fleet import ToolkitInfo
+from wheelhouse.variants import KNOWN_CUDA
 from worker.capabilities import nvcc_version
 
 #: Wheels per CUDA major version; each gets ``==<major>.<minor>.*`` (CCCL: see the docstring).
@@ -46,6 +48,16 @@ _PARTS = ("bin", "include", "lib", "nvvm")
 
 class ToolkitError(RuntimeError):
     """The toolkit's wheels could not be installed or do not form a working toolkit."""
+
+
+def toolkit_root(config: Config) -> Path:
+    """Where provisioned toolkits are kept: ``<workspace>/toolkits/cuda-<major.minor>``."""
+    return Path(config.workspace).resolve() / "toolkits"
+
+
+def provisionable_cuda() -> tuple[str, ...]:
+    """The known CUDA versions whose toolkit NVIDIA publishes as wheels (12.x and 13.x)."""
+    return tuple(v for v in KNOWN_CUDA if int(v.split(".")[0]) in TOOLKIT_WHEELS)
 
 
 def _major_minor(cuda: str) -> tuple[int, int]:
