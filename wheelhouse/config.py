@@ -96,6 +96,12 @@ class Config:
     login_rate_limit: str = "10/60"
     """Failed token sign-ins allowed per client address, as ``COUNT/SECONDS``."""
 
+    compile_cache: bool = True
+    """Cache compiles with sccache: on disk in the workspace, shared via S3 storage's sccache/."""
+
+    toolkit_wheels: bool = True
+    """Install a CUDA toolkit from NVIDIA's wheels when no host toolkit matches torch's CUDA."""
+
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
 

@@ -63,7 +63,9 @@ def install_env() -> dict[str, str]:
 def compile_env(workspace: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs,
                 recipe: Recipe, variant: Variant) -> dict[str, str]:
     """The compile's environment: the build venv and toolkit first on ``PATH`` behind the
-    probe wrapper, MAX_JOBS, a private TMPDIR, and the recipe's ``[env]`` for ``variant``."""
+    probe wrapper, MAX_JOBS, a private TMPDIR, no compiler wrapper of torch's choosing, and the
+    recipe's ``[env]`` for ``variant``. The compile cache's launchers are added by its wrapper
+    while its server runs (``worker.compilecache``)."""
     venv_bin = python.parent
     probe_bin = workspace / "probe-bin"
     probe_bin.mkdir(exist_ok=True)
@@ -91,6 +93,9 @@ def compile_env(workspace: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJo
         "PYTHONUNBUFFERED": "1",
         "PIP_CONFIG_FILE": os.devnull,
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        # torch would otherwise put a ccache or sccache it finds on PATH in front of every
+        # compile on its own; the compile cache is the worker's choice (worker.compilecache).
+        "TORCH_NO_COMPILER_WRAPPER": "1",
     })
     env.update(recipe.environment(variant, max_jobs=jobs.jobs))
     return env

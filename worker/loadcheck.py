@@ -5,8 +5,8 @@ Packages load their compiled code in two ways: a Python extension module (it exp
 ``PyInit_*``) is loaded with ``torch.ops.load_library`` after ``import torch``, and any other
 library with ``ctypes``. Importing an operator library as a module fails with "dynamic module does
 not define module export function", which says nothing about the build, so :func:`plan` reads each
-library's dynamic symbols and picks the loader. A recipe may add imports of its own (``import
-torch_scatter``, or a module name), tried after the libraries.
+library's dynamic symbols and picks the loader. A recipe may name modules to import as a user would
+(``torch_scatter``), tried after the libraries.
 
 The check runs as ``python -I -c SCRIPT STEPS_JSON`` (:func:`argv`) inside the build's venv (and
 later its sandbox): no file to copy in, isolated mode so the source tree and ``PYTHON*`` settings
@@ -44,7 +44,7 @@ class How(StrEnum):
     """How one step loads its target."""
 
     STATEMENT = "statement"
-    """Run a Python statement (``import torch_scatter``)."""
+    """Run a Python statement: never from a recipe (see :func:`recipe_step`)."""
     IMPORT = "import"
     """``importlib.import_module(target)``: a Python extension module or package."""
     TORCH_LIBRARY = "torch_library"
@@ -178,11 +178,15 @@ def library_step(archive_path: str, stream: IO[bytes]) -> tuple[Step, bool]:
 
 
 def recipe_step(text: str) -> Step:
-    """A recipe's entry: a dotted module name is imported, anything else run as a statement."""
+    """A recipe's ``load_check`` entry: a dotted module name, imported.
+
+    Recipes are data and never run code (``wheelhouse.recipes`` refuses anything but module
+    names), so no entry becomes a statement.
+    """
     text = text.strip()
-    if _IDENTIFIER.fullmatch(text):
-        return Step(How.IMPORT, text)
-    return Step(How.STATEMENT, text)
+    if not _IDENTIFIER.fullmatch(text):
+        raise ValueError(f"load_check entry {text!r} is not a module name")
+    return Step(How.IMPORT, text)
 
 
 def plan(wheel: Path, imports: Iterable[str] = ()) -> list[Step]:
