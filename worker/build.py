@@ -449,12 +449,10 @@ class Builder:
         if sccache is None or version is None:
             self.log.write("compile cache off: sccache is not installed on the worker")
             return None
-        # The build (and its sandbox) sees the build venv, not the worker's: sccache goes there.
+        # The build (and its sandbox) sees the build venv, not the worker's: sccache goes there,
+        # as a copy: a hard link would share the worker's own binary with the build.
         inside = python.parent / "sccache"
-        try:
-            os.link(sccache, inside)
-        except OSError:
-            shutil.copy2(sccache, inside)
+        shutil.copy2(sccache, inside)
         space = compilecache.namespace(self.spec.project, self.spec.cuda)
         cache = compilecache.CompileCache(
             inside, compilecache.DiskBackend(Path(self.config.workspace).resolve() / "sccache"),
