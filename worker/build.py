@@ -220,7 +220,7 @@ class Builder:
             src = self._source()
             python = self._venv(src)
             jobs = self._max_jobs()
-            cache = self._compile_cache(src, python, toolkit)
+            cache = self._compile_cache(python, toolkit)
             wheel = self._compile(src, python, toolkit, jobs, cache)
             wheel = self._check_wheel(wheel, python)
             record = self._publish(wheel, started)
@@ -439,7 +439,7 @@ class Builder:
                               "reason": f"MAX_JOBS={self.max_jobs_override}: set by the caller"})
         return jobs
 
-    def _compile_cache(self, src: Path, python: Path,
+    def _compile_cache(self, python: Path,
                        toolkit: ToolkitInfo) -> compilecache.CompileCache | None:
         """This build's compile cache, its entries pulled from storage; None when off."""
         if not self.config.compile_cache:
@@ -492,7 +492,8 @@ class Builder:
                                 lambda: compilecache.push(self.storage, cache.space,
                                                           cache.directory, known),
                                 say=self.log.write)
-            self.log.write(f"compile cache: {sent} new entries stored")
+            known |= sent  # an out-of-memory retry pushes only what it adds
+            self.log.write(f"compile cache: {len(sent)} new entries stored")
         except BuildFailed as exc:
             self.log.write(f"compile cache not stored: {exc.reason}")
 

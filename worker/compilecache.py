@@ -374,13 +374,13 @@ def pull(storage: Storage, space: str, directory: Path) -> tuple[int, set[str]]:
     return fetched, known
 
 
-def push(storage: Storage, space: str, directory: Path, known: set[str]) -> int:
-    """Upload the entries of ``directory`` not in ``known``; return how many.
+def push(storage: Storage, space: str, directory: Path, known: set[str]) -> set[str]:
+    """Upload the entries of ``directory`` not in ``known``; return their names.
 
     Only regular files with one link, opened without following links, are read.
     """
     prefix = f"{STORAGE_PREFIX}{space}/"
-    sent = 0
+    sent: set[str] = set()
     for name, path in sorted(_entries(directory).items()):
         if name in known:
             continue
@@ -395,5 +395,5 @@ def push(storage: Storage, space: str, directory: Path, known: set[str]) -> int:
         finally:
             os.close(fd)
         storage.put_file(prefix + name, path)
-        sent += 1
+        sent.add(name)
     return sent
