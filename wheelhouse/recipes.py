@@ -54,7 +54,7 @@ class Recipe:
     description: str = ""
     build_requires: tuple[str, ...] = ()
     import_check: tuple[str, ...] = ()
-    """Extension modules that must be in the wheel and import in the build venv."""
+    """Extension modules that must be in the wheel (the load check loads every library)."""
     load_check: tuple[str, ...] = ()
     """Modules to import (after ``import torch``) as a user would, to check the wheel loads."""
     relabel: bool = True
