@@ -48,7 +48,9 @@ class How(StrEnum):
     IMPORT = "import"
     """``importlib.import_module(target)``: a Python extension module or package."""
     TORCH_LIBRARY = "torch_library"
-    """``torch.ops.load_library(platlib / target)``: an operator library without ``PyInit_*``."""
+    """``torch.ops.load_library(platlib / target)`` in an interpreter of its own: an operator
+    library without ``PyInit_*``; packages load one of several per-device variants, which
+    register the same operators."""
     CTYPES = "ctypes"
     """``ctypes.CDLL(platlib / target)``: any other shared library."""
 
@@ -91,7 +93,7 @@ class Report:
 
 # The script runs in the build's Python (any version from 3.9), so it uses nothing newer.
 SCRIPT = r"""
-import ctypes, importlib, json, sys, sysconfig
+import ctypes, importlib, json, subprocess, sys, sysconfig
 platlib = sysconfig.get_path("platlib")
 
 def say(**fields):
@@ -101,7 +103,23 @@ def say(**fields):
 
 def one_line(exc):
     text = str(exc).strip().splitlines()
+    if isinstance(exc, LoadFailed):
+        return (text[0] if text else "")[:500]
     return ("%s: %s" % (type(exc).__name__, text[0] if text else ""))[:500]
+
+LOAD_ONE = (
+    "import sys, torch\n"
+    "try:\n"
+    "    torch.ops.load_library(sys.argv[1])\n"
+    "except BaseException as exc:\n"
+    "    text = str(exc).strip().splitlines()\n"
+    "    print('%s: %s' % (type(exc).__name__, text[0] if text else ''))\n"
+    "    sys.exit(1)\n"
+)
+
+class LoadFailed(Exception):
+    # Carries the child's "Type: message" line as it is.
+    pass
 
 def run(how, target):
     if how == "statement":
@@ -109,8 +127,19 @@ def run(how, target):
     elif how == "import":
         importlib.import_module(target)
     elif how == "torch_library":
-        import torch
-        torch.ops.load_library(platlib + "/" + target if target[:1] != "/" else target)
+        # In an interpreter of its own: packages ship a library per device (_scatter_cpu,
+        # _scatter_cuda) and load one; both register the same operators, and loading the second
+        # into one process fails ("registered multiple times") for no fault of the build.
+        path = platlib + "/" + target if target[:1] != "/" else target
+        child = subprocess.run([sys.executable, "-I", "-c", LOAD_ONE, path],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if child.returncode != 0:
+            lines = child.stdout.decode("utf-8", "replace").strip().splitlines()
+            if child.returncode < 0 or not lines:
+                raise OSError("the interpreter loading it died (%s)" % (
+                    "signal %d" % -child.returncode if child.returncode < 0
+                    else "exit %d" % child.returncode))
+            raise LoadFailed(lines[-1])
     elif how == "ctypes":
         ctypes.CDLL(platlib + "/" + target if target[:1] != "/" else target)
     else:

@@ -111,8 +111,8 @@ def test_a_cpu_only_wheel_under_a_cuda_label_is_rejected(opsext_wheel: Path) -> 
     with pytest.raises(BuildFailed) as err:
         check_device_code(found, ["80"], wheel_name=opsext_wheel.name)
     assert err.value.kind == FailureKind.NO_DEVICE_CODE
-    assert err.value.reason == (f"{opsext_wheel.name} holds no GPU device code in its 1 shared "
-                                "library (asked for sm_80): the CUDA extension was not compiled")
+    assert err.value.reason == (f"{opsext_wheel.name} holds no GPU device code in its 2 shared "
+                                "libraries (asked for sm_80): the CUDA extension was not compiled")
 
 
 @pytest.mark.nvcc
