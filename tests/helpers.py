@@ -402,3 +402,38 @@ class RedisProcess:
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             self.kill()
+
+#: Where sdists downloaded from PyPI for tests are kept between sessions (verified by sha256).
+SDIST_CACHE = Path(os.environ.get(
+    "WHEELHOUSE_TEST_SDIST_CACHE", Path.home() / ".cache" / "wheelhouse-tests" / "sdists"))
+
+
+def pypi_sdist(project: str, version: str, cache: Path = SDIST_CACHE) -> Path:
+    """The real sdist of ``project==version`` from PyPI, downloaded once into ``cache``.
+
+    The file is checked against the sha256 PyPI lists for it, also when it comes from the cache.
+    Raises ``requests.ConnectionError`` or ``requests.Timeout`` when PyPI can't be reached.
+    """
+    import requests
+    from pypi_simple import PyPISimple
+
+    with PyPISimple(session=requests.Session()) as client:
+        page = client.get_project_page(project, timeout=60)
+    found = [p for p in page.packages if p.package_type == "sdist" and p.version == version
+             and p.filename.endswith(".tar.gz")]
+    if not found:
+        raise FileNotFoundError(f"PyPI lists no sdist of {project} {version}")
+    package = found[0]
+    expected = package.digests["sha256"]
+    path = cache / package.filename
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == expected:
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    response = requests.get(package.url, timeout=300)
+    response.raise_for_status()
+    if hashlib.sha256(response.content).hexdigest() != expected:
+        raise OSError(f"{package.filename} from PyPI does not match its listed sha256")
+    partial = path.with_suffix(".part")
+    partial.write_bytes(response.content)
+    partial.replace(path)
+    return path

@@ -103,14 +103,16 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
                catalog: Catalog | None = None) -> dict[str, Any]:
     """The JSON form of a build, for the API and the build page's script.
 
-    With ``catalog``, a built wheel's record fills in what the job's meta lacks (peak memory).
+    With ``catalog``, a built wheel's record fills in what the job's meta lacks (peak memory,
+    patches, device code, compile cache).
     """
     spec = spec_of(status)
-    peak = status.build.peak_tree_bytes
-    if peak is None and catalog is not None and spec is not None \
-            and status.state is BuildState.BUILT:
+    facts = status.build
+    if catalog is not None and spec is not None and status.state is BuildState.BUILT:
         record = published_for(catalog, spec)
-        peak = record.build.peak_tree_bytes if record is not None else None
+        if record is not None and (facts.peak_tree_bytes is None or facts.device_code is None):
+            facts = record.build  # the job's meta expired or predates these facts
+    peak = facts.peak_tree_bytes
     now = datetime.now(UTC)
     started = status.started_at
     ended = status.ended_at
@@ -155,6 +157,14 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         "peak_memory_bytes": peak,
         # How the build was sandboxed; "off (unsafe)…" where the worker ran it unsandboxed.
         "sandbox": status.build.sandbox,
+
+        "patches": [p.to_dict() | {"ref": p.ref} for p in facts.patches]
+        if facts.patches is not None else None,
+        "device_code": facts.device_code_summary(),
+        "compile_cache": {"hits": facts.compile_cache.hits, "misses": facts.compile_cache.misses,
+                          "hit_rate": round(facts.compile_cache.hit_rate, 3)}
+        if facts.compile_cache is not None else None,
+        "toolkit": facts.toolkit,
         "wheel": status.wheel,
         "install": install_command(base_url, spec) if spec and status.state is BuildState.BUILT
         else None,

@@ -35,6 +35,8 @@ class Cell:
     progress: tuple[int, int] | None = None
     reason: str | None = None
     wheel: str | None = None
+    device_code: str | None = None
+    """For a built wheel: the GPU code its libraries hold (``sm_80, sm_90``), when recorded."""
 
     @property
     def percent(self) -> int | None:
@@ -115,7 +117,8 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
             pythons = served[tags] = pythons_served(tags)
         for python in pythons:
             place(record.project, str(version.public), record.variant.key, python,
-                  Cell(BuildState.BUILT.value, wheel=record.filename))
+                  Cell(BuildState.BUILT.value, wheel=record.filename,
+                       device_code=record.build.device_code_summary()))
     if conn is not None:
         for job in jobs if jobs is not None else all_build_jobs(conn):
             spec = job.meta.get("spec") or {}

@@ -10,7 +10,7 @@ records: a missing key is unknown, an unknown key is ignored, a mistyped value i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -55,6 +55,76 @@ class Reaped:
         )
 
 
+@dataclass(frozen=True)
+class AppliedPatch:
+    """One recipe patch applied to the sdist (``wheelhouse.patches``): what the build record,
+    the build page and the wheel's METADATA say about it."""
+
+    recipe: str
+    id: str
+    description: str
+    sha256: str
+    """Of the diff's bytes, or of the replacements as canonical JSON: the same change, the same
+    digest, whatever its description says."""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.recipe}/{self.id}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"recipe": self.recipe, "id": self.id, "description": self.description,
+                "sha256": self.sha256}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> AppliedPatch:
+        return cls(recipe=str(data["recipe"]), id=str(data["id"]),
+                   description=str(data["description"]), sha256=str(data["sha256"]))
+
+
+@dataclass(frozen=True)
+class CompileCacheStats:
+    """What one build's compile cache (sccache) counted, for the build record.
+
+    ``requests`` counts every compiler invocation passed on (links included); hits and misses
+    count cache look-ups, and nvcc makes several per ``.cu`` file (host side, device
+    preprocessing, PTX, each cubin), so they are also kept per language.
+    """
+
+    requests: int = 0
+    hits: int = 0
+    misses: int = 0
+    not_cacheable: int = 0
+    """Links, preprocessing-only calls and other invocations passed straight through."""
+    errors: int = 0
+    hits_by_language: dict[str, int] = field(default_factory=dict)
+    misses_by_language: dict[str, int] = field(default_factory=dict)
+    location: str = ""
+
+    @property
+    def hit_rate(self) -> float:
+        looked_up = self.hits + self.misses
+        return self.hits / looked_up if looked_up else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requests": self.requests, "hits": self.hits, "misses": self.misses,
+                "not_cacheable": self.not_cacheable, "errors": self.errors,
+                "hit_rate": round(self.hit_rate, 3), "hits_by_language": self.hits_by_language,
+                "misses_by_language": self.misses_by_language, "location": self.location}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CompileCacheStats:
+        return cls(
+            requests=_int(data.get("requests")) or 0,
+            hits=_int(data.get("hits")) or 0,
+            misses=_int(data.get("misses")) or 0,
+            not_cacheable=_int(data.get("not_cacheable")) or 0,
+            errors=_int(data.get("errors")) or 0,
+            hits_by_language=_counts(data.get("hits_by_language")),
+            misses_by_language=_counts(data.get("misses_by_language")),
+            location=_str(data.get("location")) or "",
+        )
+
+
 @dataclass
 class BuildFacts:
     """What one build measured. Mutable: the builder adds to it as the steps run.
@@ -88,6 +158,32 @@ class BuildFacts:
     sandbox: str | None = None
     """How the build was sandboxed (``worker.sandbox.Sandbox.describe``), or ``off (unsafe)…``."""
 
+    patches: tuple[AppliedPatch, ...] | None = None
+    """The recipe patches applied to the sdist, in order (empty: none applied)."""
+    device_code: dict[str, dict[str, list[str]]] | None = None
+    """GPU code per shared library of the wheel: ``{"pkg/_C…so": {"sass": ["80"], "ptx": []}}``."""
+    compile_cache: CompileCacheStats | None = None
+    """Hits and misses of the compile cache, when one was used."""
+
+    @property
+    def sass_archs(self) -> list[str]:
+        """Every architecture some library holds SASS for (``["80", "90a"]``)."""
+        found = {a for code in (self.device_code or {}).values() for a in code.get("sass", [])}
+        return sorted(found, key=_arch_key)
+
+    @property
+    def ptx_archs(self) -> list[str]:
+        found = {a for code in (self.device_code or {}).values() for a in code.get("ptx", [])}
+        return sorted(found, key=_arch_key)
+
+    def device_code_summary(self) -> str | None:
+        """``sm_80, sm_90 (+PTX compute_90)``; None when the wheel was not read."""
+        if self.device_code is None:
+            return None
+        sass = ", ".join(f"sm_{a}" for a in self.sass_archs) or "no SASS"
+        ptx = ", ".join(f"compute_{a}" for a in self.ptx_archs)
+        return f"{sass} (+PTX {ptx})" if ptx else sass
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-serializable; what is not known (None, or an empty name) is left out."""
         out: dict[str, Any] = {}
@@ -95,7 +191,11 @@ class BuildFacts:
             value = getattr(self, f.name)
             if value is None or value == "":
                 continue
-            out[f.name] = value.to_dict() if isinstance(value, MaxJobs | Reaped) else value
+            if isinstance(value, MaxJobs | Reaped | CompileCacheStats):
+                value = value.to_dict()
+            elif f.name == "patches":
+                value = [p.to_dict() for p in value]
+            out[f.name] = value
         return out
 
     @classmethod
@@ -104,6 +204,7 @@ class BuildFacts:
         if not isinstance(data, Mapping):
             return cls()
         reaped = data.get("reaped")
+        cache = data.get("compile_cache")
         return cls(
             build_id=_str(data.get("build_id")) or "",
             recipe=_str(data.get("recipe")) or "",
@@ -120,6 +221,11 @@ class BuildFacts:
             seconds=_float(data.get("seconds")),
             log_key=_str(data.get("log_key")),
             sandbox=_str(data.get("sandbox")),
+
+            patches=_patches(data.get("patches")),
+            device_code=_device_code(data.get("device_code")),
+            compile_cache=CompileCacheStats.from_dict(cache) if isinstance(cache, Mapping)
+            else None,
         )
 
 
@@ -146,3 +252,39 @@ def _max_jobs(value: object) -> MaxJobs | None:
         return MaxJobs(**{k: v for k, v in value.items() if k in known})
     except TypeError:  # a field missing: an older decision this version can't stand behind
         return None
+
+
+def _counts(value: object) -> dict[str, int]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if _int(v) is not None}
+
+
+def _arch_key(arch: str) -> tuple[int, str]:
+    digits = arch.rstrip("af")
+    return (int(digits) if digits.isdigit() else 0, arch)
+
+
+def _patches(value: object) -> tuple[AppliedPatch, ...] | None:
+    if not isinstance(value, list):
+        return None
+    out = []
+    for item in value:
+        if isinstance(item, Mapping) and all(isinstance(item.get(k), str)
+                                             for k in ("recipe", "id", "description", "sha256")):
+            out.append(AppliedPatch.from_dict(item))
+    return tuple(out)
+
+
+def _device_code(value: object) -> dict[str, dict[str, list[str]]] | None:
+    if not isinstance(value, Mapping):
+        return None
+    out: dict[str, dict[str, list[str]]] = {}
+    for library, code in value.items():
+        if not isinstance(code, Mapping):
+            continue
+        out[str(library)] = {kind: [str(a) for a in code.get(kind, [])
+                                    if isinstance(a, str)]
+                             if isinstance(code.get(kind), list) else []
+                             for kind in ("sass", "ptx")}
+    return out

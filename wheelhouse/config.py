@@ -138,6 +138,12 @@ class Config:
     allowed_projects: str = ""
     """Projects builds may be requested for (comma-separated); empty: any (generic recipe)."""
 
+    compile_cache: bool = True
+    """Cache compiles with sccache: on disk in the workspace, shared via S3 storage's sccache/."""
+
+    toolkit_wheels: bool = True
+    """Install a CUDA toolkit from NVIDIA's wheels when no host toolkit matches torch's CUDA."""
+
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
 

@@ -135,6 +135,13 @@ class FailureKind(StrEnum):
     """The worker could not set up the build sandbox for this build: nothing of the sdist ran
     unsandboxed; not retried (the operator must fix the host, see the README's Security)."""
 
+    PATCH_FAILED = "patch-failed"
+    """A recipe patch no longer applies to the sdist (it changed upstream): not retried."""
+    NO_DEVICE_CODE = "no-device-code"
+    """The wheel lacks GPU code (SASS) for a requested architecture: never published."""
+    LOAD_ERROR = "load-error"
+    """A built library does not load the way its package loads it: not retried."""
+
     @property
     def retryable(self) -> bool:
         return self in (FailureKind.INFRASTRUCTURE, FailureKind.OOM)
@@ -165,3 +172,9 @@ class BuildFailed(WheelhouseError, RuntimeError):
 
 class SandboxUnavailable(WheelhouseError, RuntimeError):
     """The build sandbox cannot be set up here; the worker must not run builds unsandboxed."""
+
+class PatchFailed(BuildFailed):
+    """A recipe patch that does not apply to the sdist (kind ``patch-failed``): not retried."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(FailureKind.PATCH_FAILED, reason)

@@ -4,7 +4,8 @@ Each worker advertises its capabilities under ``wheelhouse:worker:<name>`` with 
 refreshes it (the heartbeat); a worker that dies simply expires. Queues are one per CUDA version
 and CPU architecture (``build-cu130-x86_64``). A toolkit serves every known CUDA version of its
 major version up to its own minor, since torch's extension builder only refuses a major
-mismatch and a newer nvcc of the same major builds for an older runtime.
+mismatch and a newer nvcc of the same major builds for an older runtime. A worker that installs
+toolkits from NVIDIA's wheels (``worker.toolkit``) also serves every version it can install.
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ class WorkerAd:
     heartbeat_at: float = 0.0
     current_job: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    provisionable: tuple[str, ...] = ()
+    """CUDA versions it installs a toolkit for from NVIDIA's wheels when it has none."""
 
     @property
     def cuda_versions(self) -> tuple[str, ...]:
-        return servable_cuda([t.cuda for t in self.toolkits])
+        return servable_cuda([t.cuda for t in self.toolkits], self.provisionable)
 
     def serves(self, spec: BuildSpec) -> bool:
         return spec.queue_name in self.queues
@@ -74,6 +77,7 @@ class WorkerAd:
         data["toolkits"] = tuple(ToolkitInfo(**t) for t in data.get("toolkits", []))
         data["gpus"] = tuple(GpuInfo(**g) for g in data.get("gpus", []))
         data["queues"] = tuple(data.get("queues", []))
+        data["provisionable"] = tuple(data.get("provisionable", []))
         return cls(**data)
 
 
@@ -82,13 +86,16 @@ def _major_minor(cuda: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def servable_cuda(toolkit_versions: Iterable[str]) -> tuple[str, ...]:
-    """Known CUDA versions some toolkit can build for: same major, minor up to the toolkit's."""
+def servable_cuda(toolkit_versions: Iterable[str],
+                  provisionable: Iterable[str] = ()) -> tuple[str, ...]:
+    """Known CUDA versions a worker can build for: those some installed toolkit serves (same
+    major, minor up to the toolkit's), and those it can install a toolkit for."""
     have = [_major_minor(v) for v in toolkit_versions]
+    extra = set(provisionable)
     out = []
     for known in KNOWN_CUDA:
         kmaj, kmin = _major_minor(known)
-        if any(maj == kmaj and kmin <= minor for maj, minor in have):
+        if known in extra or any(maj == kmaj and kmin <= minor for maj, minor in have):
             out.append(known)
     return tuple(out)
 
@@ -106,8 +113,9 @@ def pick_toolkit(toolkits: Iterable[ToolkitInfo], cuda: str) -> ToolkitInfo | No
     return min(fits, key=lambda t: _major_minor(t.cuda))
 
 
-def queues_for(toolkit_versions: Iterable[str], machine: str) -> tuple[str, ...]:
-    return tuple(queue_name(c, machine) for c in servable_cuda(toolkit_versions))
+def queues_for(toolkit_versions: Iterable[str], machine: str,
+               provisionable: Iterable[str] = ()) -> tuple[str, ...]:
+    return tuple(queue_name(c, machine) for c in servable_cuda(toolkit_versions, provisionable))
 
 
 def advertise(conn: Redis, ad: WorkerAd, *, ttl: float) -> None:

@@ -1,13 +1,16 @@
 """Recipes: per-project build knowledge as data (``wheelhouse/recipes/<project>.toml``).
 
 A recipe names the build requirements, the environment the project's ``setup.py`` honours, the
-architectures built by default, and the per-job memory that sizes MAX_JOBS. Environment values
-are ``string.Template`` strings over a fixed set of names (``${archs}``, ``${local_label}``, …),
-so a recipe can't run code. A project without its own recipe builds with ``generic.toml``.
+architectures built by default, the per-job memory that sizes MAX_JOBS, the modules to load after
+the build, and the patches its sdist needs (``wheelhouse.patches``). Environment values are
+``string.Template`` strings over a fixed set of names (``${archs}``, ``${local_label}``, …), so a
+recipe can't run code. A project without its own recipe builds with ``generic.toml``. The schema
+and the facts behind each built-in recipe are in docs/recipes.md.
 """
 
 from __future__ import annotations
 
+import keyword
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -16,8 +19,10 @@ from string import Template
 from typing import TYPE_CHECKING, Any
 
 from packaging.utils import NormalizedName, canonicalize_name
+from packaging.version import Version
 
 from wheelhouse.errors import InvalidBuildSpec, InvalidRecipe, InvalidVariant
+from wheelhouse.patches import Patch, parse_patches
 from wheelhouse.variants import Variant, normalize_arch
 
 if TYPE_CHECKING:
@@ -31,6 +36,9 @@ GIB = 1024**3
 TEMPLATE_NAMES = (
     "archs",  # 80;90  (flash-attn's FLASH_ATTN_CUDA_ARCHS)
     "torch_cuda_arch_list",  # 8.0;9.0  (torch's TORCH_CUDA_ARCH_LIST)
+    # 8.0;9.0 for a variant narrowed to archs, empty for a default (fat) one: for setup.py files
+    # whose own architecture list is the better default
+    "variant_torch_cuda_arch_list",
     "local_label",  # cu130torch2.14
     "nvcc_threads",
     "max_jobs",
@@ -46,7 +54,9 @@ class Recipe:
     description: str = ""
     build_requires: tuple[str, ...] = ()
     import_check: tuple[str, ...] = ()
-    """Extension modules that must be in the wheel and import in the build venv."""
+    """Extension modules that must be in the wheel (the load check loads every library)."""
+    load_check: tuple[str, ...] = ()
+    """Modules to import (after ``import torch``) as a user would, to check the wheel loads."""
     relabel: bool = True
     """Rewrite the built wheel into the variant's local version (when METADATA lacks it)."""
     default_archs: tuple[str, ...] = ("80", "90")
@@ -54,6 +64,8 @@ class Recipe:
     """Peak memory of one compile job per nvcc thread, before any learned figure exists."""
     nvcc_threads: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    patches: tuple[Patch, ...] = ()
+    """Changes to the sdist, each scoped to project and torch versions."""
     path: Path | None = None
 
     @property
@@ -64,12 +76,21 @@ class Recipe:
         """The architectures to build: the variant's narrowed set, else the recipe's default."""
         return variant.archs or self.default_archs
 
+    def patches_for(self, version: Version, torch: Version) -> tuple[Patch, ...]:
+        """The patches to apply to ``version``'s sdist when building against ``torch``.
+
+        ``torch`` is the installed torch's version where known (``2.14.1+cu130``), else the
+        variant's (``2.14``); ranges like ``>=2.14`` match both.
+        """
+        return tuple(p for p in self.patches if p.applies_to(version, torch))
+
     def environment(self, variant: Variant, *, max_jobs: int) -> dict[str, str]:
         """The recipe's ``[env]`` with its templates filled in for ``variant``."""
         archs = self.archs_for(variant)
         values = {
             "archs": ";".join(archs),
             "torch_cuda_arch_list": ";".join(_dotted(a) for a in archs),
+            "variant_torch_cuda_arch_list": ";".join(_dotted(a) for a in variant.archs),
             "local_label": variant.local_label,
             "nvcc_threads": str(self.nvcc_threads),
             "max_jobs": str(max_jobs),
@@ -101,14 +122,25 @@ def _strings(name: str, value: Any, path: Path) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _module_names(value: Any, path: Path) -> tuple[str, ...]:
+    names = _strings("load_check", value, path)
+    for name in names:
+        # Module names, not statements: the check imports them itself, so a recipe runs no code.
+        if not all(part.isidentifier() and not keyword.iskeyword(part)
+                   for part in name.split(".")):
+            raise InvalidRecipe(f"{path}: load_check {name!r} is not a module name "
+                                "(e.g. torch_scatter or mamba_ssm.ops)")
+    return names
+
+
 def parse_recipe(path: Path) -> Recipe:
     """Read and validate one recipe file."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InvalidRecipe(f"{path}: {exc}") from None
-    known = {"project", "description", "build_requires", "import_check", "relabel",
-             "default_archs", "job_memory_gib", "nvcc_threads", "env"}
+    known = {"project", "description", "build_requires", "import_check", "load_check",
+             "relabel", "default_archs", "job_memory_gib", "nvcc_threads", "env", "patch"}
     unknown = set(data) - known
     if unknown:
         raise InvalidRecipe(f"{path}: unknown keys {sorted(unknown)}")
@@ -133,16 +165,19 @@ def parse_recipe(path: Path) -> Recipe:
     relabel = data.get("relabel", True)
     if not isinstance(relabel, bool):
         raise InvalidRecipe(f"{path}: relabel must be true or false")
+    recipe_name = canonicalize_name(name) if name != GENERIC else GENERIC
     recipe = Recipe(
-        name=canonicalize_name(name) if name != GENERIC else GENERIC,
+        name=recipe_name,
         description=str(data.get("description", "")),
         build_requires=_strings("build_requires", data.get("build_requires", []), path),
         import_check=_strings("import_check", data.get("import_check", []), path),
+        load_check=_module_names(data.get("load_check", []), path),
         relabel=relabel,
         default_archs=archs,
         job_memory_gib=float(memory),
         nvcc_threads=threads,
         env=dict(env),
+        patches=parse_patches(data.get("patch"), recipe=recipe_name, recipe_path=path),
         path=path,
     )
     # Fail at load time, not mid-build, on a template typo.

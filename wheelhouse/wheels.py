@@ -158,15 +158,37 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
         len("-".join(old_prefix)):
     ]
     parse_name(new_filename)
-    dest = dest_dir / new_filename
+    return _rewrite(
+        path, dest_dir / new_filename,
+        new_info=f"{old_prefix[0]}-{new_version}.dist-info",
+        edit_metadata=lambda data: _set_version(data, new_version),
+    )
+
+
+def add_description_note(path: Path, note: str, dest_dir: Path) -> Path:
+    """Write a copy of the wheel into ``dest_dir`` whose METADATA description ends with ``note``.
+
+    The description is the METADATA body (core metadata 2.1+); installers ignore it, so the
+    wheel installs exactly as before. File name and version are unchanged; RECORD is rewritten.
+    """
+    parse_name(path.name)
+    return _rewrite(path, dest_dir / path.name, new_info=None,
+                    edit_metadata=lambda data: _append_description(data, note))
+
+
+def _rewrite(
+    path: Path, dest: Path, *, new_info: str | None, edit_metadata: Callable[[bytes], bytes],
+) -> Path:
+    """Copy a wheel to ``dest``, renaming its .dist-info (and .data) to ``new_info`` if given and
+    passing METADATA through ``edit_metadata``, with a RECORD that matches the new contents."""
     with zipfile.ZipFile(path) as src:
         old_info = _dist_info_dir(src)
-        new_info = f"{old_prefix[0]}-{new_version}.dist-info"
+        new_info = new_info or old_info
         # The .data directory carries the version too; installers (uv) only honour the one
         # that matches .dist-info and would copy a stale one into site-packages verbatim.
         old_data = old_info.removesuffix(".dist-info") + ".data"
         new_data = new_info.removesuffix(".dist-info") + ".data"
-        fd, tmp_name = tempfile.mkstemp(dir=dest_dir, suffix=".whl.part")
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, suffix=".whl.part")
         os.close(fd)
         tmp = Path(tmp_name)
         try:
@@ -183,7 +205,7 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
                         arcname = f"{new_data}/{rest}"
                     data = src.read(info)
                     if arcname == f"{new_info}/METADATA":
-                        data = _set_version(data, new_version)
+                        data = edit_metadata(data)
                     zi = zipfile.ZipInfo(arcname, date_time=info.date_time)
                     zi.external_attr = info.external_attr
                     zi.compress_type = zipfile.ZIP_DEFLATED
@@ -210,6 +232,21 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
         finally:
             tmp.unlink(missing_ok=True)
     return dest
+
+
+def _append_description(metadata: bytes, note: str) -> bytes:
+    """METADATA with ``note`` as the last paragraph of its body (the description)."""
+    if not note.strip():
+        raise ValueError("empty note")
+    first_line = metadata.split(b"\n", 1)[0]
+    eol = b"\r\n" if first_line.endswith(b"\r") else b"\n"
+    separator = eol + eol
+    headers, found, body = metadata.partition(separator)
+    if not found:  # headers only, no description yet
+        headers, body = metadata.rstrip(b"\r\n"), b""
+    text = note.strip("\n").replace("\n", eol.decode()).encode("utf-8")
+    body = body.rstrip(b"\r\n")
+    return headers + separator + (body + separator if body else b"") + text + eol
 
 
 def _set_version(metadata: bytes, version: Version) -> bytes:

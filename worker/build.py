@@ -1,4 +1,5 @@
-"""The build pipeline: sdist → fresh venv → compile under supervision → checked wheel → published.
+"""The build pipeline: sdist → patches → fresh venv → compile (cached) under supervision →
+checked wheel (device code, load check) → published.
 
 This module is the sequence of steps. Every step that runs a program runs it through
 :class:`worker.reaper.BuildProcess`, so a timeout or cancel kills exactly this build's process
@@ -14,10 +15,18 @@ files run at every interpreter start) runs in the build sandbox (:mod:`worker.sa
 :meth:`Builder._sandboxed`: the torch check, the compile and the import check. After that the
 worker never runs the build venv's Python itself; what leaves is one wheel file, taken out by
 :func:`worker.sandbox.take_wheel` and checked by :func:`wheelhouse.wheels.validate_wheel`.
+
+The steps that matter for what users install: the recipe's patches are applied to the unpacked
+sdist (:mod:`wheelhouse.patches`) and named in the record and the wheel's METADATA; a CUDA label
+is published only on a wheel whose libraries hold SASS for every requested architecture
+(:mod:`worker.devicecode`); each library is loaded the way its package loads it
+(:mod:`worker.loadcheck`). A project version's sdist is unpacked at one path per host, under a
+lock, so that the compile cache (:mod:`worker.compilecache`) hits across Python versions.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from packaging.version import InvalidVersion, Version
 from uv import find_uv_bin
 
 from wheelhouse.buildfacts import BuildFacts, MaxJobs, Reaped
@@ -49,14 +59,16 @@ from wheelhouse.errors import (
 )
 from wheelhouse.fleet import ToolkitInfo, pick_toolkit
 from wheelhouse.maxjobs import GIB, decide, record_peaks, reserve_bytes
+from wheelhouse.patches import apply_patches, note_wheel
 from wheelhouse.publish import publish
 from wheelhouse.recipes import Recipe, load_recipe, recipe_dirs
 from wheelhouse.retry import BUILD_STEPS, LOG_UPLOAD, OOM_COMPILE, RetryPolicy
-from wheelhouse.storage import Storage
+from wheelhouse.storage import LocalStorage, Storage
 from wheelhouse.wheels import parse_name, relabel, validate_wheel
+from worker import compilecache, devicecode, loadcheck
 from worker.buildenv import compile_env, install_env, sanitized_env
 from worker.buildlog import MIB, BuildLog
-from worker.capabilities import discover_toolkits, usable_cores
+from worker.capabilities import DEFAULT_ROOTS, discover_toolkits, nvcc_version, usable_cores
 from worker.failures import Classified, classify_log, with_retries
 from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess, Outcome, unique_build_id
@@ -69,6 +81,7 @@ from worker.sandbox import (
     take_wheel,
 )
 from worker.sdist import SdistLimits, download_sdist, find_sdist, unpack
+from worker.toolkit import ToolkitError, provision, provisionable_cuda, toolkit_root
 
 log = logging.getLogger("wheelhouse.worker")
 
@@ -171,6 +184,14 @@ class Builder:
                                 host=socket.gethostname())
         self.job_peaks: list[int] = []
         self.sandbox: Sandbox | None = None
+        # The sdist is unpacked at one path per project version on this host (see _source).
+        self.source_root = (Path(config.workspace).resolve() / "src"
+                            / f"{spec.project}-{spec.version}")
+        self._source_lock: int | None = None
+        # The compile cache's storage keys seen before the compile (None: nothing to share
+        # through storage), and the nvcc it caches (None: only the host compiler).
+        self._cache_known: set[str] | None = None
+        self._cache_nvcc: Path | None = None
 
     # -- running programs --
 
@@ -183,7 +204,10 @@ class Builder:
         Its output goes through a pipe that a thread drains into the capped log. ``quota``
         is checked on every tick: past it, the tree is killed and the build fails too-large.
         """
-        self.log.write(f"$ {' '.join(shown if shown is not None else argv)}")
+        # Scripts handed over with ``-c`` (the load check, the compile cache's wrapper) would
+        # fill the log; their JSON arguments say what they do.
+        self.log.write("$ " + " ".join("<script>" if "\n" in a else a
+                                       for a in (shown if shown is not None else argv)))
         read_end, write_end = os.pipe()
         try:
             bp = BuildProcess.start(argv, build_id=self.build_id, env=env, cwd=cwd,
@@ -310,7 +334,8 @@ class Builder:
             src = self._source()
             venv = self._venv(src)
             jobs = self._max_jobs()
-            wheel = self._compile(src, venv, toolkit, jobs)
+            cache = self._compile_cache(venv.python, toolkit)
+            wheel = self._compile(src, venv, toolkit, jobs, cache)
             wheel = self._check_wheel(wheel, venv)
             record = self._publish(wheel, started)
             self.facts.seconds = round(time.monotonic() - started, 1)
@@ -333,6 +358,7 @@ class Builder:
         finally:
             if not self.keep_workspace:
                 shutil.rmtree(self.workspace, ignore_errors=True)
+            self._release_source()
 
     def _fail(self, exc: BuildFailed, started: float) -> None:
         self.log.write(f"FAILED [{exc.kind.value}]: {exc.reason}")
@@ -371,18 +397,42 @@ class Builder:
         self.reporter.facts(self.facts)
 
     def _toolkit(self) -> ToolkitInfo:
+        """A host toolkit of torch's CUDA major.minor; else one installed from NVIDIA's wheels;
+        else a newer minor of the same major; else the combination is incompatible here."""
         self.reporter.phase("toolkit")
-        toolkits = self.toolkits if self.toolkits is not None else discover_toolkits()
-        toolkit = pick_toolkit(toolkits, self.spec.cuda)
+        root = toolkit_root(self.config)
+        toolkits = (self.toolkits if self.toolkits is not None
+                    else discover_toolkits(roots=(*DEFAULT_ROOTS, root)))
+        toolkit = next((t for t in toolkits if t.cuda == self.spec.cuda), None)
+        if toolkit is None and self.config.toolkit_wheels \
+                and self.spec.cuda in provisionable_cuda():
+            toolkit = self._provision(root)
+        toolkit = toolkit or pick_toolkit(toolkits, self.spec.cuda)
         if toolkit is None:
             found = ", ".join(f"{t.cuda} ({t.home})" for t in toolkits) or "none"
             raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"no CUDA {self.spec.cuda.split('.')[0]}.x toolkit of version "
                               f"{self.spec.cuda} or newer on this host; found: {found}")
         self.log.write(f"CUDA toolkit {toolkit.release} at {toolkit.home}")
-        self.facts.toolkit = toolkit.release
-        self.reporter.note(toolkit=toolkit.release)
+        provisioned = Path(toolkit.home).is_relative_to(root)
+        self.facts.toolkit = toolkit.release + (" (wheels)" if provisioned else "")
+        self.reporter.note(toolkit=self.facts.toolkit)
         return toolkit
+
+    def _provision(self, root: Path) -> ToolkitInfo:
+        self.log.write(f"no CUDA {self.spec.cuda} toolkit on this host: installing nvcc, the "
+                       f"runtime headers and CCCL from NVIDIA's wheels into {root}")
+        uv = self._uv()
+
+        def attempt() -> ToolkitInfo:
+            try:
+                return provision(self.spec.cuda, root, uv=uv,
+                                 index_url=self.config.build_index_url, env=install_env())
+            except ToolkitError as exc:
+                raise InfrastructureError(str(exc)) from None
+
+        return with_retries(self.retry, f"installing the CUDA {self.spec.cuda} toolkit", attempt,
+                            say=self.log.write)
 
     def _source(self) -> Path:
         self.reporter.phase("fetch")
@@ -408,7 +458,66 @@ class Builder:
             self.log.write(f"sha256 verified: {sdist.name}")
             self.facts.sdist_sha256 = link.sha256
         self.facts.sdist = sdist.name
-        return unpack(sdist, self.workspace / "src", limits=limits)
+        self._lock_source()
+        shutil.rmtree(self.source_root, ignore_errors=True)  # a crashed build's leftovers
+        src = unpack(sdist, self.source_root, limits=limits)
+        self._patch(src)
+        return src
+
+    def _lock_source(self) -> None:
+        """Hold this host's lock on the project version's source path for the whole build.
+
+        nvcc hands the source path to cicc, which the compile cache hashes verbatim, so every
+        build of one project version unpacks to the same path: a second Python then hits for
+        every kernel. Two such builds on one host take turns (the second one's kernels hit).
+        """
+        self.source_root.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.source_root.with_name(self.source_root.name + ".lock"),
+                     os.O_RDWR | os.O_CREAT, 0o600)
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not waiting:
+                    waiting = True
+                    self.log.write(f"waiting for another build of {self.spec.project} "
+                                   f"{self.spec.version} on this host to finish (its source "
+                                   f"path is shared, so this build's compiles will hit its cache)")
+                if self.reporter.should_cancel():
+                    os.close(fd)
+                    raise BuildFailed(FailureKind.CANCELLED, "cancelled while waiting for "
+                                      "another build of the same version") from None
+                if time.monotonic() > self.deadline:
+                    os.close(fd)
+                    raise BuildFailed(FailureKind.TIMEOUT, "the build ran past its deadline "
+                                      "waiting for another build of the same version") from None
+                time.sleep(1.0)
+        self._source_lock = fd
+
+    def _release_source(self) -> None:
+        if self._source_lock is None:
+            return
+        if not self.keep_workspace:
+            shutil.rmtree(self.source_root, ignore_errors=True)
+        os.close(self._source_lock)  # closing the descriptor releases the lock
+        self._source_lock = None
+
+    def _patch(self, src: Path) -> None:
+        """Apply the recipe's patches for this version and torch; record what was applied."""
+        try:
+            version = Version(self.spec.version)
+        except InvalidVersion:
+            self.facts.patches = ()
+            return
+        # Before the venv, the variant's torch (``2.14``) stands for the installed one.
+        patches = self.recipe.patches_for(version, Version(self.spec.torch))
+        applied = apply_patches(patches, src)
+        for patch in applied:
+            self.log.write(f"patch {patch.ref} applied: {patch.description}")
+        self.facts.patches = tuple(applied)
+        self.reporter.facts(self.facts)
 
     def _uv(self) -> str:
         return find_uv_bin()  # the uv package's own binary: a worker's PATH needn't have it
@@ -491,7 +600,66 @@ class Builder:
                               "reason": f"MAX_JOBS={self.max_jobs_override}: set by the caller"})
         return jobs
 
-    def _compile(self, src: Path, venv: BuildVenv, toolkit: ToolkitInfo, jobs: MaxJobs) -> Path:
+    def _compile_cache(self, python: Path,
+                       toolkit: ToolkitInfo) -> compilecache.CompileCache | None:
+        """This build's compile cache, its entries pulled from storage; None when off."""
+        if not self.config.compile_cache:
+            return None
+        sccache = compilecache.find_sccache()
+        version = compilecache.sccache_version(sccache) if sccache is not None else None
+        if sccache is None or version is None:
+            self.log.write("compile cache off: sccache is not installed on the worker")
+            return None
+        # The build (and its sandbox) sees the build venv, not the worker's: sccache goes there,
+        # as a copy: a hard link would share the worker's own binary with the build.
+        inside = python.parent / "sccache"
+        shutil.copy2(sccache, inside)
+        space = compilecache.namespace(self.spec.project, self.spec.cuda)
+        cache = compilecache.CompileCache(
+            inside, compilecache.DiskBackend(Path(self.config.workspace).resolve() / "sccache"),
+            space, self.workspace / "sccache", basedirs=[self.workspace, self.source_root])
+        if not isinstance(self.storage, LocalStorage):
+            try:
+                fetched, known = with_retries(
+                    self.retry, "fetching the compile cache",
+                    lambda: compilecache.pull(self.storage, space, cache.directory),
+                    say=self.log.write)
+                self._cache_known = known
+                self.log.write(f"compile cache: {fetched} of {len(known)} entries fetched from "
+                               f"storage ({compilecache.STORAGE_PREFIX}{space}/)")
+            except BuildFailed as exc:  # the cache is an optimization: build without the pull
+                self.log.write(f"compile cache not fetched from storage: {exc.reason}")
+        nvcc = nvcc_version(Path(toolkit.nvcc))
+        mm = tuple(int(p) for p in nvcc[0].split(".")) if nvcc else (0, 0)
+        cacheable, line = compilecache.nvcc_cacheable(version, (mm[0], mm[1]))
+        self.log.write(f"compile cache: {line}")
+        self._cache_nvcc = Path(toolkit.nvcc) if cacheable else None
+        return cache
+
+    def _cache_done(self, cache: compilecache.CompileCache | None) -> None:
+        """Record the cache's statistics; share its new entries through storage."""
+        if cache is None:
+            return
+        stats = cache.read_stats()
+        if stats is not None:
+            self.facts.compile_cache = stats
+            self.log.write(f"compile cache: {stats.hits} hits, {stats.misses} misses "
+                           f"({stats.hit_rate:.0%}), {stats.errors} errors")
+        if self._cache_known is None:
+            return
+        known = self._cache_known
+        try:
+            sent = with_retries(self.retry, "storing the compile cache",
+                                lambda: compilecache.push(self.storage, cache.space,
+                                                          cache.directory, known),
+                                say=self.log.write)
+            known |= sent  # an out-of-memory retry pushes only what it adds
+            self.log.write(f"compile cache: {len(sent)} new entries stored")
+        except BuildFailed as exc:
+            self.log.write(f"compile cache not stored: {exc.reason}")
+
+    def _compile(self, src: Path, venv: BuildVenv, toolkit: ToolkitInfo, jobs: MaxJobs,
+                 cache: compilecache.CompileCache | None = None) -> Path:
         dist = self.workspace / "dist"
         for attempt in range(1, OOM_COMPILE.attempts + 1):
             self.reporter.phase("compile")
@@ -503,11 +671,25 @@ class Builder:
             shutil.rmtree(dist, ignore_errors=True)
             argv = [str(venv.python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                     "--no-index", "-v", "-w", str(dist), str(src)]
+            if cache is not None:
+                try:
+                    argv = cache.wrap(venv.python, argv, nvcc=self._cache_nvcc, path=env["PATH"])
+                except FileNotFoundError as exc:  # no host compiler to put it in front of
+                    self.log.write(f"compile cache off: {exc}")
+                    cache = None
             reserve = jobs.reserve_bytes or reserve_bytes(int(psutil.virtual_memory().total))
-            outcome, _ = self._sandboxed(
-                argv, env=env, cwd=src, what="the compile",
-                read_only=[*venv.read_only, Path(toolkit.home), self.workspace / "probe-bin"],
-                writable=[self.workspace / "src", dist], governor_reserve=reserve)
+            # The compile writes the source tree, dist/ and, with the compile cache, the
+            # server's runtime directory and the project's cache directory (docs/compiling.md).
+            writable = [self.source_root, dist]
+            if cache is not None:
+                writable += [cache.runtime_dir, cache.directory]
+            try:
+                outcome, _ = self._sandboxed(
+                    argv, env=env, cwd=src, what="the compile",
+                    read_only=[*venv.read_only, Path(toolkit.home), self.workspace / "probe-bin"],
+                    writable=writable, governor_reserve=reserve)
+            finally:
+                self._cache_done(cache)
             if outcome.returncode == 0:
                 break
             tail = self.log.tail()
@@ -571,12 +753,19 @@ class Builder:
         self.log.write(f"wheel checked: {wheel.name} (zip, RECORD hashes, names, metadata, tags)")
         modules = extension_modules(wheel)
         missing = [m for m in self.recipe.import_check if m not in modules]
-        if not modules or missing:
-            what = ", ".join(missing) if missing else "any compiled extension"
+        if missing:
             raise BuildFailed(FailureKind.INCOMPATIBLE,
-                              f"{wheel.name} lacks {what}; the CUDA build was skipped")
+                              f"{wheel.name} lacks {', '.join(missing)}; the CUDA build was "
+                              "skipped")
+        self._check_device_code(wheel)
+        if self.facts.patches:
+            out = self.workspace / "noted"
+            out.mkdir(exist_ok=True)
+            wheel = note_wheel(wheel, self.facts.patches, out)
+            self.log.write(f"METADATA names the patches: "
+                           f"{', '.join(p.ref for p in self.facts.patches)}")
         self._install_for_check(wheel, venv)
-        self._import_check(venv, modules)
+        self._load_check(wheel, venv)
         return wheel
 
     def _install_for_check(self, wheel: Path, venv: BuildVenv) -> None:
@@ -589,23 +778,37 @@ class Builder:
         self._run_checked([self._uv(), "pip", "install", "--python", str(venv.interpreter),
                            "--prefix", str(venv.root), "--no-deps", "--reinstall", "--offline",
                            str(wheel)], env=install_env(),
-                          what="installing the wheel for the import check")
+                          what="installing the wheel for the load check")
 
-    def _import_check(self, venv: BuildVenv, modules: list[str]) -> None:
+    def _check_device_code(self, wheel: Path) -> None:
+        """No CUDA label without device code: SASS for every requested architecture."""
+        found = devicecode.wheel_device_code(wheel)
+        self.facts.device_code = devicecode.archs_found(found)
+        self.reporter.facts(self.facts)
+        for name, code in sorted(found.items()):
+            self.log.write(f"device code in {name}: {code.describe()}")
+        devicecode.check_device_code(found, self.recipe.archs_for(self.spec.variant),
+                                     wheel_name=wheel.name)
+
+    def _load_check(self, wheel: Path, venv: BuildVenv) -> None:
+        """Load each library of the installed wheel as its package does, in the sandbox.
+
+        What it prints comes from inside the sandbox: it is parsed as data, and a build that
+        fakes it fools only the check of its own wheel.
+        """
+        steps = loadcheck.plan(wheel, self.recipe.load_check)
         # Without a GPU only loading can be checked: libcudart comes with torch's wheels and the
         # driver is needed only when a kernel runs.
-        code = ("import importlib, sys, torch\n"
-                "for m in sys.argv[1:]:\n    importlib.import_module(m)\n")
-        check_dir = self.workspace / "import-check"
-        outcome, _ = self._sandboxed([str(venv.python), "-c", code, *modules],
+        check_dir = self.workspace / "load-check"
+        start = self.log.size()
+        outcome, _ = self._sandboxed(loadcheck.argv(venv.python, steps),
                                      env=sanitized_env(os.environ), cwd=check_dir,
-                                     what="the import check", read_only=venv.read_only,
+                                     what="the load check", read_only=venv.read_only,
                                      writable=[check_dir])
-        if outcome.returncode != 0:
-            tail = [line for line in self.log.tail(20_000).splitlines() if line.strip()]
-            raise BuildFailed(FailureKind.COMPILE_ERROR,
-                              f"the built extension does not load: {(tail or [''])[-1][:300]}")
-        self.log.write(f"import check passed: {', '.join(modules)}")
+        report = loadcheck.parse(self.log.since(start), steps,
+                                 -1 if outcome.returncode is None else outcome.returncode)
+        for line in loadcheck.check(report, wheel_name=wheel.name):
+            self.log.write(line)
 
     def _publish(self, wheel: Path, started: float) -> Record:
         self.reporter.phase("publish")

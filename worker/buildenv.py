@@ -63,7 +63,10 @@ def install_env() -> dict[str, str]:
 def compile_env(workspace: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs,
                 recipe: Recipe, variant: Variant) -> dict[str, str]:
     """The compile's environment: the build venv and toolkit first on ``PATH`` behind the
-    probe wrapper, MAX_JOBS, a private TMPDIR, and the recipe's ``[env]`` for ``variant``."""
+    probe wrapper, MAX_JOBS, a private TMPDIR, no compiler wrapper of torch's choosing, the CUDA
+    library headers of torch's wheels as system include directories, and the
+    recipe's ``[env]`` for ``variant``. The compile cache's launchers are added by its wrapper
+    while its server runs (``worker.compilecache``)."""
     venv_bin = python.parent
     probe_bin = workspace / "probe-bin"
     probe_bin.mkdir(exist_ok=True)
@@ -91,6 +94,26 @@ def compile_env(workspace: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJo
         "PYTHONUNBUFFERED": "1",
         "PIP_CONFIG_FILE": os.devnull,
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        # torch would otherwise put a ccache or sccache it finds on PATH in front of every
+        # compile on its own; the compile cache is the worker's choice (worker.compilecache).
+        "TORCH_NO_COMPILER_WRAPPER": "1",
     })
+    headers = library_headers(venv_bin.parent)
+    if headers:
+        # After -I (so the toolkit's own headers win), for the host compiler and nvcc alike.
+        for var in ("CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH"):
+            env[var] = os.pathsep.join(str(h) for h in headers)
     env.update(recipe.environment(variant, max_jobs=jobs.jobs))
     return env
+
+
+def library_headers(venv: Path) -> list[Path]:
+    """The CUDA library headers torch's own wheels installed into the build venv.
+
+    torch's ``ATen/cuda`` headers include cuBLAS, cuSPARSE and cuSOLVER headers, which a
+    minimal toolkit (nvcc and the runtime, as NVIDIA's toolkit wheels provide) lacks; torch's
+    ``nvidia-*`` dependencies carry them in ``site-packages/nvidia/*/include`` (``cu13/`` for
+    CUDA 13, one directory per library for 12), matching the libraries torch loads.
+    """
+    return sorted(p for p in venv.glob("lib/python*/site-packages/nvidia/*/include")
+                  if p.is_dir())

@@ -144,6 +144,16 @@ class BuildLog:
                 break
         self.on_lines(lines)
 
+    def size(self) -> int:
+        """Where the log ends now: pass it to :meth:`since` to read what a program adds."""
+        return self.path.stat().st_size
+
+    def since(self, offset: int, limit: int = 1_000_000) -> str:
+        """What was written after ``offset`` (at most ``limit`` bytes of it, from the start)."""
+        with self.path.open("rb") as f:
+            f.seek(offset)
+            return f.read(limit).decode("utf-8", errors="replace")
+
     def tail(self, limit: int = 400_000) -> str:
         """The last ``limit`` bytes of the log (the kept tail, when output was cut)."""
         with self._lock:

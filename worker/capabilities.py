@@ -136,26 +136,32 @@ class Capabilities:
     memory_bytes: int
     toolkits: tuple[ToolkitInfo, ...]
     gpus: tuple[GpuInfo, ...]
+    provisionable: tuple[str, ...] = ()
+    """CUDA versions whose toolkit this worker installs from NVIDIA's wheels when needed."""
 
     @property
     def queues(self) -> tuple[str, ...]:
-        return queues_for([t.cuda for t in self.toolkits], self.machine)
+        return queues_for([t.cuda for t in self.toolkits], self.machine, self.provisionable)
 
     def advert(self, name: str, *, started_at: float) -> WorkerAd:
         return WorkerAd(
             name=name, hostname=socket.gethostname(), machine=self.machine, cores=self.cores,
             memory_bytes=self.memory_bytes, toolkits=self.toolkits, gpus=self.gpus,
-            queues=self.queues, started_at=started_at,
+            queues=self.queues, started_at=started_at, provisionable=self.provisionable,
         )
 
 
 def discover(
-    environ: Mapping[str, str] | None = None, roots: Iterable[Path] = DEFAULT_ROOTS
+    environ: Mapping[str, str] | None = None, roots: Iterable[Path] = DEFAULT_ROOTS,
+    provisionable: Iterable[str] = (),
 ) -> Capabilities:
+    """What this host can build; ``roots`` should include where provisioned toolkits are kept,
+    ``provisionable`` the CUDA versions it may install (``worker.toolkit.provisionable_cuda``)."""
     return Capabilities(
         machine=machine(),
         cores=usable_cores(),
         memory_bytes=int(psutil.virtual_memory().total),
         toolkits=tuple(discover_toolkits(environ, roots)),
         gpus=tuple(discover_gpus()),
+        provisionable=tuple(provisionable),
     )

@@ -31,22 +31,25 @@ from wheelhouse.recipes import check_allowed
 def worker_command(config: Config, name: str | None, burst: bool,
                    only_cuda: tuple[str, ...]) -> None:
     """Build wheels from the queues this host can serve (CUDA version x CPU architecture)."""
-    from worker.capabilities import discover
+    from worker.capabilities import DEFAULT_ROOTS, discover
     from worker.lifecycle import default_name, run_worker, select_queues
+    from worker.toolkit import provisionable_cuda, toolkit_root
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not config.redis_url:
         raise click.ClickException("WHEELHOUSE_REDIS_URL is not set; a worker needs Redis")
-    caps = discover()
+    caps = discover(roots=(*DEFAULT_ROOTS, toolkit_root(config)),
+                    provisionable=provisionable_cuda() if config.toolkit_wheels else ())
     queues = select_queues(caps, only_cuda)
     if not queues:
         found = ", ".join(f"{t.cuda} ({t.home})" for t in caps.toolkits) or "none"
         raise click.ClickException(
             f"this host can serve no build queue: CUDA toolkits found: {found}")
     name = name or default_name()
+    wheels = f", CUDA from wheels: {' '.join(caps.provisionable)}" if caps.provisionable else ""
     click.echo(f"wheelhouse worker {name}: {caps.machine}, {caps.cores} cores, "
                f"{caps.memory_bytes / 1024**3:.1f} GiB, toolkits "
-               f"{', '.join(t.release for t in caps.toolkits)}, GPUs "
+               f"{', '.join(t.release for t in caps.toolkits) or 'none'}{wheels}, GPUs "
                f"{', '.join(g.name for g in caps.gpus) or 'none'}")
     try:
         run_worker(config, caps, queues, name=name, burst=burst, say=click.echo)

@@ -1,7 +1,12 @@
 """Keep a build from driving the host out of memory: pause the youngest compiles, resume later.
 
 A compile job is a process group that ninja started inside the build: a process of the build
-whose pgid equals its pid and differs from the build's own group. SIGSTOP doesn't free memory,
+whose pgid equals its pid and differs from the build's own group. With the compile cache, ninja
+starts sccache *clients*, which only wait, while the compilers run as children of the build's
+sccache server (``worker.compilecache``), all in the server's one process group. So a group led
+by a process that carries :data:`~worker.compilecache.SERVER_MARK` in its environment is not one
+job: each child of its leader is one (with its descendants), and groups led by the server's own
+program (its clients) are none. SIGSTOP doesn't free memory,
 but it stops a job from growing further while older jobs finish and release theirs. The last
 running job is never paused, so a build cannot deadlock; a paused build still obeys its deadline
 (the kill path sends SIGCONT after SIGTERM).
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from worker.compilecache import SERVER_MARK
 from worker.reaper import BuildProcess
 
 HORIZON = 1.0
@@ -26,6 +32,7 @@ HORIZON = 1.0
 @dataclass
 class _Job:
     pgid: int
+    """The job's process group; for a child of the compile server, that child's pid."""
     started: float
     peak: int = 0
     rss: int = 0
@@ -33,6 +40,9 @@ class _Job:
     """Recent growth in bytes per second (0 while shrinking)."""
     paused: bool = False
     alive: bool = True
+    members: tuple[int, ...] = ()
+    """For a child of the compile server (which shares the server's group): its processes,
+    signalled one by one instead of by group."""
 
 
 class MemoryGovernor:
@@ -66,6 +76,9 @@ class MemoryGovernor:
         """Lowest available memory seen (bytes); with a budget, negative means it was exceeded."""
         self._jobs: dict[tuple[int, float], _Job] = {}
         self._last_tick: float | None = None
+        # Per (pid, start time): whether a group leader is the compile server, and programs.
+        self._servers: dict[tuple[int, float], bool] = {}
+        self._exes: dict[tuple[int, float], str | None] = {}
 
     @property
     def job_peaks(self) -> list[int]:
@@ -88,33 +101,78 @@ class MemoryGovernor:
         self._last_tick = now
         build_pgid = self.build.pid
         tree_rss = 0
-        group_rss: dict[int, int] = {}
-        leaders: dict[int, float] = {}
+        seen: dict[int, tuple[int, int, int, float]] = {}  # pid -> (ppid, pgid, rss, ctime)
         for proc in self.build.processes():
             try:
                 with proc.oneshot():
                     rss = proc.memory_info().rss
                     pgid = os.getpgid(proc.pid)
                     ctime = proc.create_time()
+                    ppid = proc.ppid()
             except (psutil.Error, OSError):
                 continue
             tree_rss += rss
-            if pgid != build_pgid:
-                group_rss[pgid] = group_rss.get(pgid, 0) + rss
-                if pgid == proc.pid:
-                    leaders[pgid] = ctime
+            seen[proc.pid] = (ppid, pgid, rss, ctime)
         self.peak_tree_rss = max(self.peak_tree_rss, tree_rss)
+        servers = {pid for pid, (_, pgid, _, ctime) in seen.items()
+                   if pid == pgid != build_pgid and self._is_server(pid, ctime)}
+        server_exes = {self._exe(pid, seen[pid][3]) for pid in servers} - {None}
+        group_rss: dict[tuple[int, float], int] = {}
+        members: dict[tuple[int, float], list[int]] = {}
+        for pid, (_, pgid, rss, _) in seen.items():
+            key = self._job_of(pid, pgid, build_pgid, seen, servers, server_exes)
+            if key is not None:
+                group_rss[key] = group_rss.get(key, 0) + rss
+                members.setdefault(key, []).append(pid)
         for job in self._jobs.values():
             job.alive = False
-        for pgid, started in leaders.items():
-            job = self._jobs.setdefault((pgid, started), _Job(pgid=pgid, started=started))
-            rss = group_rss.get(pgid, 0)
+        for key, rss in group_rss.items():
+            pgid, started = key
+            in_server = seen[pgid][1] in servers
+            job = self._jobs.setdefault(key, _Job(pgid=pgid, started=started))
+            job.members = tuple(members[key]) if in_server else ()
             if elapsed is not None and job.rss:
                 job.rate = max(0.0, (rss - job.rss) / elapsed)
             job.rss = rss
             job.peak = max(job.peak, rss)
             job.alive = True
         return tree_rss
+
+    def _job_of(self, pid: int, pgid: int, build_pgid: int,
+                seen: dict[int, tuple[int, int, int, float]], servers: set[int],
+                server_exes: set[str | None]) -> tuple[int, float] | None:
+        """The (leader pid, start time) of the job ``pid`` belongs to, or None."""
+        if pgid in servers:
+            # Climb to the server's direct child: that child and its descendants are one job.
+            current = pid
+            while current in seen and seen[current][0] != pgid:
+                current = seen[current][0]
+            if current == pgid or current not in seen:
+                return None  # the server itself, or a process whose parent already left
+            return (current, seen[current][3])
+        if pgid == build_pgid or pgid not in seen:
+            return None
+        if servers and self._exe(pgid, seen[pgid][3]) in server_exes:
+            return None  # a compile-cache client: it only waits for the server
+        return (pgid, seen[pgid][3])
+
+    def _is_server(self, pid: int, ctime: float) -> bool:
+        key = (pid, ctime)
+        if key not in self._servers:
+            try:
+                self._servers[key] = SERVER_MARK in psutil.Process(pid).environ()
+            except (psutil.Error, OSError):
+                return False  # not cached: it may still be starting
+        return self._servers[key]
+
+    def _exe(self, pid: int, ctime: float) -> str | None:
+        key = (pid, ctime)
+        if key not in self._exes:
+            try:
+                self._exes[key] = psutil.Process(pid).exe() or None
+            except (psutil.Error, OSError):
+                return None
+        return self._exes[key]
 
     def _typical_peak(self) -> int:
         finished = [job.peak for job in self._jobs.values() if not job.alive]
@@ -145,14 +203,19 @@ class MemoryGovernor:
                            and available - growth > self.low_watermark):
             self._resume(oldest)
 
+    def _signal(self, job: _Job, sig: signal.Signals) -> bool:
+        if not job.members:
+            return _killpg(job.pgid, sig)
+        return any([_kill(pid, sig) for pid in job.members])
+
     def _pause(self, job: _Job) -> None:
-        if _killpg(job.pgid, signal.SIGSTOP):
+        if self._signal(job, signal.SIGSTOP):
             job.paused = True
             job.rate = 0.0
             self.pauses += 1
 
     def _resume(self, job: _Job) -> None:
-        _killpg(job.pgid, signal.SIGCONT)
+        self._signal(job, signal.SIGCONT)
         job.paused = False
         self.resumes += 1
 
@@ -161,6 +224,14 @@ class MemoryGovernor:
         for job in self._jobs.values():
             if job.paused:
                 self._resume(job)
+
+
+def _kill(pid: int, sig: signal.Signals) -> bool:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> bool:

@@ -116,10 +116,13 @@ def test_enqueue_build_publish_install_import(
     second = q.enqueue_build(conn, SPEC, source=str(cudaext_sdist), timeout=900)
     assert first.created and not second.created and first.job_id == second.job_id
 
-    # A spec no live worker serves gets a clear answer, not a job that waits forever.
-    with pytest.raises(UnservableSpec, match=r"no live worker can build for CUDA 12\.8"):
+    # The worker installs toolkits from NVIDIA's wheels, so it serves CUDA 12.x without one.
+    assert "build-cu128-x86_64" in ad.queues and "12.8" in ad.provisionable
+    # A spec no live worker serves gets a clear answer, not a job that waits forever (NVIDIA
+    # publishes no CUDA 11 toolkit wheels).
+    with pytest.raises(UnservableSpec, match=r"no live worker can build for CUDA 11\.8"):
         q.enqueue_build(conn, BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.8",
-                                               cuda="12.8"))
+                                               cuda="11.8"))
 
     listing = subprocess.run(["wheelhouse", "workers"],
                              capture_output=True, text=True,
@@ -162,7 +165,14 @@ def test_enqueue_build_publish_install_import(
         time.sleep(0.2)
 
     storage = open_storage(fleet_config)
-    assert b"import check passed" in storage.get_bytes(log_key(SPEC))
+    log = storage.get_bytes(log_key(SPEC)).decode()
+    assert "loaded: import cudaext._C" in log
+    # Device code and the compile cache's counts are build facts; the cache's entries went to
+    # the bucket, under their own prefix, for the next build on any host.
+    assert status.build.sass_archs == ["80"]
+    assert status.build.compile_cache is not None and status.build.compile_cache.misses >= 3
+    assert "compile cache: 0 of 0 entries fetched from storage" in log
+    assert list(storage.list("sccache/cudaext/cu130/"))
     assert not q.enqueue_build(conn, SPEC).created  # finished: returned as is
 
     with start_index(fleet_config, tmp_path) as url:
@@ -286,6 +296,8 @@ def test_flash_attn_sdist_build_starts_and_is_stopped(tmp_path: Path) -> None:
     assert reporter.compilers, "no nvcc was seen"
     log = "\n".join(reporter.log)
     assert "sha256 verified: flash_attn-2.8.3.tar.gz" in log
+    # The recipe's patch made it C++20 for torch 2.14, so the probe passed and the kernels ran.
+    assert "patch flash-attn/cxx20 applied: Compile as C++20" in log
     # The recipe's FLASH_ATTN_CUDA_ARCHS reached setup.py: only sm80 is compiled.
     assert reporter.nvcc_argv
     for argv in reporter.nvcc_argv:
@@ -299,8 +311,15 @@ def test_flash_attn_sdist_build_starts_and_is_stopped(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("pypi")
 def test_flash_attn_2_8_3_with_torch_2_14_is_incompatible_in_one_line(tmp_path: Path) -> None:
-    """flash-attn 2.8.3 compiles as C++17; torch 2.14's headers need C++20. The probe says so."""
-    config = build_config(tmp_path)
+    """flash-attn 2.8.3 compiles as C++17; torch 2.14's headers need C++20. Without the recipe's
+    patch (a recipe directory whose flash-attn recipe lacks it), the probe says so."""
+    from wheelhouse.recipes import BUILTIN_DIR
+
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    text = (BUILTIN_DIR / "flash-attn.toml").read_text()
+    (recipes / "flash-attn.toml").write_text(text[:text.index("[[patch]]")])
+    config = build_config(tmp_path, recipe_dirs=str(recipes))
     storage = open_storage(config)
     started = time.monotonic()
     with pytest.raises(BuildFailed) as err:

@@ -17,6 +17,7 @@ from rq.job import JobStatus
 
 from tests.helpers import QuietHandler, build_job, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
+from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import GENERATION_KEY, Record, record_key
 from wheelhouse.publish import publish
@@ -217,7 +218,8 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     options = _options(page)
     # The project is typed; recipe projects are suggested.
     assert 'id="project" name="project" list="project-list" value="flash-attn"' in page
-    assert '<datalist id="project-list"><option value="flash-attn"></datalist>' in page
+    assert ('<datalist id="project-list"><option value="causal-conv1d"><option value="flash-attn">'
+            '<option value="mamba-ssm"></datalist>') in page
     cuda = {v: o for v, o in options["cuda"].items() if v}
     assert set(cuda) == set(KNOWN_CUDA)
     # A 12.8 toolkit builds every CUDA 12.x up to 12.8, never 12.9 or 13.x.
@@ -347,7 +349,7 @@ def test_versions_come_from_the_upstream_index(
     advertise_worker(conn)
     client = make_app(redis_url, tmp_path, upstream=upstream_json).test_client()
     sign_in(client, token(conn))
-    page = client.get("/request").text
+    page = client.get("/request?project=flash-attn").text
     datalist = page[page.index('<datalist id="version-list">'):]
     assert datalist.index('"2.8.3"') < datalist.index('"2.8.2"') < datalist.index('"2.7.4"')
     assert "3 versions on the upstream index" in page
@@ -359,7 +361,7 @@ def test_a_project_upstream_does_not_list_is_said_so(
     elsewhere = upstream_json.replace("/simple/", "/other/")  # answers 404 for flash-attn
     client = make_app(redis_url, tmp_path, upstream=elsewhere).test_client()
     sign_in(client, token(conn))
-    page = client.get("/request").text
+    page = client.get("/request?project=flash-attn").text
     assert "The upstream index lists no release of flash-attn" in page
     assert "did not answer" not in page
 
@@ -388,7 +390,7 @@ def test_versions_come_from_an_html_only_upstream(
     with serve_http(_HtmlOnlyUpstream) as url:
         client = make_app(redis_url, tmp_path, upstream=f"{url}/simple/").test_client()
         sign_in(client, token(conn))
-        page = client.get("/request").text
+        page = client.get("/request?project=flash-attn").text
     start = page.index('<datalist id="version-list">')
     datalist = page[start:page.index("</datalist>", start)]
     shown = [m.split('"')[1] for m in datalist.split("<option value=")[1:]]
@@ -493,6 +495,57 @@ def test_build_page_of_a_built_wheel_shows_the_install_command(
     assert ("uv pip install --index-url http://localhost/torch2.8-cu128-sm90/simple "
             "&#39;flash-attn==2.8.3+cu128torch2.8.sm90&#39;") in page
     assert 'id="cancel-form"' not in page
+
+
+PATCH = AppliedPatch(recipe="flash-attn", id="cxx20", sha256="ab" * 32,
+                     description="Compile as C++20 instead of C++17: torch 2.14's headers "
+                                 "require C++20")
+FACTS = BuildFacts(
+    patches=(PATCH,), peak_tree_bytes=2 * 1024**3, toolkit="V13.0.88 (wheels)",
+    device_code={"flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so":
+                 {"sass": ["90", "80"], "ptx": []}},
+    compile_cache=CompileCacheStats(requests=80, hits=70, misses=2))
+
+
+def test_build_page_says_what_was_patched_compiled_and_cached(
+        client: FlaskClient, conn: Redis) -> None:
+    """Issue 13: the patches applied to the sdist, the device code found, the cache's hits."""
+    spec = _spec(archs=("80", "90"))
+    job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published",
+                        wheel=spec.expected_wheel_name, build=FACTS.to_dict())
+    page = client.get(f"/builds/{job_id}").text
+    patches = page[page.index('id="patches"'):page.index("</td>", page.index('id="patches"'))]
+    assert "<code" in patches and "flash-attn/cxx20</code> Compile as C++20" in patches
+    assert f"sha256 {'ab' * 32}" in patches
+    assert 'id="device-code">sm_80, sm_90<' in page
+    assert 'id="compile-cache">70 hits, 2 misses (97%)<' in page
+    assert 'id="toolkit">V13.0.88 (wheels)<' in page
+    view = client.get(f"/api/builds/{job_id}").json
+    assert view["patches"] == [{**PATCH.to_dict(), "ref": "flash-attn/cxx20"}]
+    assert view["device_code"] == "sm_80, sm_90"
+    assert view["compile_cache"] == {"hits": 70, "misses": 2, "hit_rate": 0.972}
+
+    unpatched = _as_worker(conn, _spec("3.12"), JobStatus.FINISHED, phase="published",
+                           build=BuildFacts(patches=(), device_code={}).to_dict())
+    page = client.get(f"/builds/{unpatched}").text
+    assert 'id="patches">none: the sdist as released<' in page
+    assert 'id="device-code">no SASS<' in page and 'id="compile-cache">—<' in page
+
+
+def test_build_page_reads_the_record_when_the_meta_lacks_the_facts(
+        client: FlaskClient, app: Flask, conn: Redis, tmp_path: Path) -> None:
+    spec = _spec()
+    wheel = make_wheel(tmp_path / "w", "flash-attn", str(spec.wheel_version),
+                       tag="cp311-cp311-linux_x86_64")
+    publish(app.extensions["wheelhouse"].storage, wheel, spec.variant, build=FACTS)
+    job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published", wheel=wheel.name)
+    page = client.get(f"/builds/{job_id}").text
+    assert "flash-attn/cxx20" in page and 'id="device-code">sm_80, sm_90<' in page
+
+    # The matrix says what the built wheel holds, in the cell's tooltip.
+    cell = _cell(client.get("/matrix").text, "2.8.3", "torch2.8-cu128", "3.11")
+    assert 'data-device-code="sm_80, sm_90"' in cell
+    assert f"{wheel.name} · device code: sm_80, sm_90" in html.unescape(cell)
 
 
 def test_cancel_is_offered_to_those_allowed(client: FlaskClient, conn: Redis) -> None:

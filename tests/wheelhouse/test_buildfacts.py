@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from wheelhouse.buildfacts import BuildFacts, MaxJobs, Reaped
+from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs, Reaped
 
 JOBS = MaxJobs(jobs=6, reason="MAX_JOBS=6: 6 jobs of 5.0 GiB fit", per_thread_bytes=5 * 2**30,
                nvcc_threads=2, available_bytes=40 * 2**30, reserve_bytes=8 * 2**30, cores=32,
@@ -18,6 +18,12 @@ FULL = BuildFacts(
     max_jobs=JOBS, peak_tree_bytes=3 * 2**30, peak_job_bytes=2**30, governor_pauses=2,
     reaped=Reaped(processes=3, signals=("SIGTERM", "SIGKILL"), seconds=5.2, survivors=0),
     seconds=812.4, log_key="logs/torch2.14-cu130/flash-attn/x.whl.log",
+    patches=(AppliedPatch(recipe="flash-attn", id="cxx20", description="C++20", sha256="cd" * 32),),
+    device_code={"flash_attn_2_cuda.so": {"sass": ["80", "90a"], "ptx": ["90"]},
+                 "helper.so": {"sass": [], "ptx": []}},
+    compile_cache=CompileCacheStats(requests=300, hits=280, misses=4, not_cacheable=16,
+                                    hits_by_language={"CUDA": 280},
+                                    misses_by_language={"C++": 4}, location="Local disk"),
 )
 
 #: What the worker wrote into records before BuildFacts existed (a dict it built step by step).
@@ -63,3 +69,30 @@ def test_unknown_keys_are_ignored_and_mistyped_values_dropped() -> None:
     })
     assert facts == BuildFacts(build_id="b", seconds=2.0)
     assert isinstance(facts.seconds, float)
+
+
+def test_issue_13_facts_read_back_and_summarize() -> None:
+    data = json.loads(json.dumps(FULL.to_dict()))
+    assert data["patches"] == [{"recipe": "flash-attn", "id": "cxx20", "description": "C++20",
+                                "sha256": "cd" * 32}]
+    assert data["compile_cache"]["hit_rate"] == 0.986
+    facts = BuildFacts.from_dict(data)
+    assert facts.sass_archs == ["80", "90a"] and facts.ptx_archs == ["90"]
+    assert facts.device_code_summary() == "sm_80, sm_90a (+PTX compute_90)"
+    assert BuildFacts().device_code_summary() is None
+    assert BuildFacts(device_code={}).device_code_summary() == "no SASS"
+    # No patches applied is a fact too, unlike not knowing.
+    assert BuildFacts.from_dict({"patches": []}).patches == ()
+    assert BuildFacts.from_dict({}).patches is None
+
+
+def test_mistyped_issue_13_facts_are_dropped() -> None:
+    facts = BuildFacts.from_dict({
+        "patches": [{"recipe": "x", "id": 3}, "nope",
+                    {"recipe": "r", "id": "i", "description": "d", "sha256": "s"}],
+        "device_code": {"a.so": {"sass": ["80", 90], "ptx": "90"}, "b.so": "x"},
+        "compile_cache": {"hits": "many", "misses": 2, "hits_by_language": {"CUDA": "1"}},
+    })
+    assert facts.patches == (AppliedPatch("r", "i", "d", "s"),)
+    assert facts.device_code == {"a.so": {"sass": ["80"], "ptx": []}}
+    assert facts.compile_cache == CompileCacheStats(misses=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from wheelhouse.config import Config
 from wheelhouse.errors import InvalidRecipe
@@ -38,10 +39,55 @@ def test_flash_attn_recipe_sets_what_its_setup_py_reads() -> None:
 
 
 def test_unknown_projects_use_the_generic_recipe_and_get_relabelled() -> None:
-    recipe = load_recipe("causal-conv1d")
-    assert recipe.name == GENERIC and recipe.relabel
+    recipe = load_recipe("torch-scatter")
+    assert recipe.name == GENERIC and recipe.relabel and recipe.patches == ()
     env = recipe.environment(Variant.of("2.8", "12.8", ["90a", "120"]), max_jobs=2)
-    assert env == {"TORCH_CUDA_ARCH_LIST": "9.0a;12.0"}
+    # FORCE_CUDA: builders have no GPU, and torch-scatter & co. skip their CUDA code without it.
+    assert env == {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "9.0a;12.0"}
+    fat = recipe.environment(Variant.of("2.14", "13.0"), max_jobs=2)
+    assert fat == {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "8.0;9.0"}
+
+
+@pytest.mark.parametrize(("project", "prefix", "extension", "load"), [
+    ("causal-conv1d", "CAUSAL_CONV1D", "causal_conv1d_cuda", "causal_conv1d"),
+    ("mamba-ssm", "MAMBA", "selective_scan_cuda", "selective_scan_cuda"),
+])
+def test_tri_dao_style_recipes_force_the_build_and_label_metadata(
+    project: str, prefix: str, extension: str, load: str
+) -> None:
+    recipe = load_recipe(project)
+    assert recipe.name == project and not recipe.relabel
+    assert recipe.import_check == (extension,) and recipe.load_check == (load,)
+    assert recipe.nvcc_threads == 4  # setup.py hard-codes --threads 4
+    narrowed = recipe.environment(Variant.of("2.14", "13.0", ["sm90", "sm80"]), max_jobs=3)
+    assert narrowed == {
+        f"{prefix}_FORCE_BUILD": "TRUE",
+        f"{prefix}_SKIP_CUDA_BUILD": "FALSE",
+        f"{prefix}_LOCAL_VERSION": "cu130torch2.14.sm80.sm90",
+        "TORCH_CUDA_ARCH_LIST": "8.0;9.0",  # read by the recipe's cuda-archs patch
+    }
+    # A default variant leaves setup.py's own architecture list alone.
+    fat = recipe.environment(Variant.of("2.14", "13.0"), max_jobs=3)
+    assert fat["TORCH_CUDA_ARCH_LIST"] == "" and fat[f"{prefix}_LOCAL_VERSION"] == "cu130torch2.14"
+
+
+@pytest.mark.parametrize(("project", "version", "torch", "ids"), [
+    ("flash-attn", "2.8.3.post2", "2.14.1+cu130", ["cxx20"]),
+    ("flash-attn", "2.7.4.post1", "2.14", ["cxx20"]),
+    ("flash-attn", "2.8.3.post2", "2.13.0", []),  # 2.13's headers still accept C++17
+    ("flash-attn", "2.7.3", "2.14", []),
+    ("mamba-ssm", "2.3.2.post1", "2.14", ["cxx20", "cuda-archs"]),
+    ("mamba-ssm", "2.3.2.post1", "2.12", ["cuda-archs"]),
+    ("mamba-ssm", "2.2.4", "2.14", ["cxx20"]),
+    ("causal-conv1d", "1.7.0", "2.14", ["cuda-archs"]),
+    ("causal-conv1d", "1.5.2", "2.14", []),
+    ("torch-scatter", "2.1.2", "2.14", []),
+])
+def test_builtin_recipes_pick_their_patches_by_version(
+    project: str, version: str, torch: str, ids: list[str]
+) -> None:
+    patches = load_recipe(project).patches_for(Version(version), Version(torch))
+    assert [p.id for p in patches] == ids
 
 
 def test_extra_recipe_dirs_add_projects() -> None:
@@ -89,9 +135,23 @@ def test_extra_dirs_override_builtin_recipes(tmp_path: Path) -> None:
         ('project = "x"\nbuild_requires = "ninja"\n', "list of strings"),
         ('project = "x"\n[env]\nA = 1\n', "map names to strings"),
         ("project = \n", "Invalid value"),
+        ('project = "x"\nload_check = ["import torch_scatter"]\n', "not a module name"),
+        ('project = "x"\nload_check = ["os; os.system(1)"]\n', "not a module name"),
+        ('project = "x"\nload_check = ["a.class"]\n', "not a module name"),
+        ('project = "x"\nload_check = "torch_scatter"\n', "list of strings"),
+        ('project = "x"\n[[patch]]\nid = "x"\n', "description"),
     ],
 )
 def test_bad_recipes_are_refused_at_load_time(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "bad.toml").write_text(text)
     with pytest.raises(InvalidRecipe, match=message):
         load_recipe("x", [tmp_path])
+
+
+def test_load_check_names_modules(tmp_path: Path) -> None:
+    (tmp_path / "ts.toml").write_text(
+        'project = "torch-scatter"\nload_check = ["torch_scatter", "torch_scatter.utils"]\n')
+    recipe = load_recipe("torch_scatter", [tmp_path])
+    assert recipe.load_check == ("torch_scatter", "torch_scatter.utils")
+    assert load_recipe("flash-attn").load_check == ("flash_attn",)
+    assert load_recipe("anything-else").load_check == ()

@@ -23,6 +23,7 @@ from tests.helpers import clean_env, make_venv, make_wheel
 from wheelhouse.errors import InvalidWheel, VersionMismatch
 from wheelhouse.wheels import (
     MAX_FILENAME_LENGTH,
+    add_description_note,
     check_consistent,
     parse_metadata,
     parse_name,
@@ -354,6 +355,37 @@ def test_relabel_renames_the_data_directory(tmp_path: Path) -> None:
     assert tops == {"pkg", "pkg-1.0+cu128torch2.8.dist-info", "pkg-1.0+cu128torch2.8.data"}
     assert mode & 0o111, "the executable bit survives"
     assert_record_matches(out)
+
+
+@pytest.mark.parametrize(("metadata", "expected"), [
+    (b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n\n",
+     b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n\nnote one\n\nnote two\n"),
+    (b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n",
+     b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n\nnote one\n\nnote two\n"),
+    (b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n\n# Pkg\n\nText.\n\n\n",
+     b"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n\n# Pkg\n\nText.\n\nnote one\n\n"
+     b"note two\n"),
+    (b"Metadata-Version: 2.1\r\nName: pkg\r\nVersion: 1.0\r\n\r\nText.\r\n",
+     b"Metadata-Version: 2.1\r\nName: pkg\r\nVersion: 1.0\r\n\r\nText.\r\n\r\nnote one\r\n"
+     b"\r\nnote two\r\n"),
+])
+def test_a_description_note_ends_the_metadata_body(
+    tmp_path: Path, metadata: bytes, expected: bytes
+) -> None:
+    src = _rewrite(make_wheel(tmp_path / "src", "pkg", "1.0"), tmp_path / "meta",
+                   replace={"pkg-1.0.dist-info/METADATA": metadata})
+    (tmp_path / "out").mkdir()
+    out = add_description_note(src, "note one\n\nnote two", tmp_path / "out")
+    assert out.name == src.name
+    assert read_metadata(out) == expected
+    assert parse_metadata(read_metadata(out)).version == Version("1.0")
+    assert_record_matches(out)
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(out) as b:
+        assert a.read("pkg/__init__.py") == b.read("pkg/__init__.py")
+    time.sleep(2.1)  # same bytes when done again later: republishing must not see a difference
+    (tmp_path / "again").mkdir()
+    again = add_description_note(src, "note one\n\nnote two", tmp_path / "again")
+    assert again != out and sha256_file(again) == sha256_file(out)
 
 
 # --- real installers -------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import io
 import os
 import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,74 @@ def build_config(tmp_path: Path, **overrides: object) -> Config:
 @pytest.fixture(scope="session")
 def cudaext_sdist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_sdist(CUDAEXT, tmp_path_factory.mktemp("sdist"), "cudaext", "0.1.0")
+
+
+# -- compiled artifacts shared by the device-code, load-check, compile-cache and toolkit tests --
+
+OPSEXT = FIXTURES / "opsext"
+
+
+def torch_venv(dest: Path, python: str = "3.11") -> Path:
+    """A fresh venv with torch 2.14.1 from the local wheels and what setup.py builds need;
+    returns its interpreter."""
+    import subprocess
+
+    uv = shutil.which("uv") or "uv"
+    subprocess.run([uv, "venv", "-q", "--seed", "--python", python, str(dest)], check=True)
+    interpreter = dest / "bin" / "python"
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(interpreter),
+                    "--find-links", TORCH_FIND_LINKS, "torch==2.14.1", "setuptools", "wheel",
+                    "ninja"], check=True)
+    return interpreter
+
+
+def pip_wheel(python: Path, src: Path, out: Path, env: dict[str, str],
+              wrap: Callable[[list[str]], list[str]] | None = None) -> Path:
+    """``pip wheel`` of a source tree copied into ``out``'s parent (so build/ stays out of the
+    repository); returns the wheel. Output goes to ``out/../build.log``. ``wrap`` puts a
+    command around pip's (the compile cache's wrapper)."""
+    import subprocess
+
+    work = out.parent / f"src-{src.name}"
+    shutil.copytree(src, work, ignore=shutil.ignore_patterns("build", "*.egg-info", "dist"))
+    full_env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
+                "MAX_JOBS": "2", "TORCH_NO_COMPILER_WRAPPER": "1", **env}
+    log = out.parent / "build.log"
+    with log.open("w") as f:
+        argv = [str(python), "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
+                "--no-index", "-w", str(out), str(work)]
+        done = subprocess.run(wrap(argv) if wrap else argv, stdout=f, stderr=subprocess.STDOUT,
+                              env=full_env, cwd=work, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"building {src.name} failed:\n{log.read_text()[-4000:]}")
+    [wheel] = out.glob("*.whl")
+    return wheel
+
+
+def host_cuda_home() -> str:
+    from worker.capabilities import discover_toolkits
+
+    return next(t.home for t in discover_toolkits() if t.cuda.startswith("13."))
+
+
+@pytest.fixture(scope="session")
+def session_torch_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One torch venv for the session; tests install the fixture wheels into it."""
+    require_nvcc()
+    return torch_venv(tmp_path_factory.mktemp("torch-venv") / "venv")
+
+
+@pytest.fixture(scope="session")
+def cudaext_sm80_wheel(session_torch_python: Path,
+                       tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture CUDA extension compiled once for sm_80 with the host toolkit."""
+    out = tmp_path_factory.mktemp("cudaext-sm80") / "dist"
+    return pip_wheel(session_torch_python, CUDAEXT, out,
+                     {"CUDA_HOME": host_cuda_home(), "TORCH_CUDA_ARCH_LIST": "8.0"})
+
+
+@pytest.fixture(scope="session")
+def opsext_wheel(session_torch_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CPU-only torch operator library (no ``PyInit_*``, no device code)."""
+    out = tmp_path_factory.mktemp("opsext") / "dist"
+    return pip_wheel(session_torch_python, OPSEXT, out, {})

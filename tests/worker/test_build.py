@@ -264,7 +264,9 @@ def test_timeout_kills_the_build_and_stores_the_log(tmp_path: Path, cudaext_sdis
         except psutil.Error:
             continue
     assert survivors == []
-    assert not list((tmp_path / "work").iterdir())  # the workspace is removed
+    # The workspace is removed, and the unpacked source; only the source path's lock stays.
+    assert [p.name for p in (tmp_path / "work").iterdir()] == ["src"]
+    assert [p.name for p in (tmp_path / "work" / "src").iterdir()] == ["cudaext-0.1.0.lock"]
 
 
 # --- whole builds in the sandbox, of a C extension (no nvcc) -----------------------------
@@ -435,3 +437,38 @@ def test_wheelhouse_build_refuses_to_build_without_a_sandbox(
         "Error: refusing to build: the build sandbox cannot be created: bwrap: Creating new "
         "namespace failed: Operation not permitted"]
     assert not (tmp_path / "data").exists() or not list((tmp_path / "data").rglob("*.whl"))
+
+
+def test_a_patch_that_does_not_apply_fails_the_build_in_one_line(
+        tmp_path: Path, cudaext_sdist: Path) -> None:
+    """Recipe patches are applied right after the sdist is unpacked, before any venv."""
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    fixture = (Path(__file__).parent.parent / "fixtures" / "recipes" / "cudaext.toml").read_text()
+    (recipes / "cudaext.toml").write_text(fixture + """
+[[patch]]
+id = "fast-math"
+description = "Compile add.cu with fast math"
+versions = ">=0.1"
+[[patch.replace]]
+file = "csrc/add.cu"
+old = "this text is not in add.cu"
+new = "neither is this"
+count = 1
+""")
+    config = build_config(tmp_path, recipe_dirs=str(recipes))
+    storage = open_storage(config)
+    spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
+                            archs=["80"])
+    toolkit = ToolkitInfo(cuda="13.0", home="/nonexistent", nvcc="/nonexistent/bin/nvcc")
+    with pytest.raises(BuildFailed) as err:
+        run_build(spec, config=config, storage=storage, source=cudaext_sdist, timeout=60,
+                  toolkits=[toolkit])
+    assert err.value.kind is FailureKind.PATCH_FAILED == "patch-failed"
+    assert err.value.reason == (
+        "patch cudaext/fast-math does not apply: csrc/add.cu holds 'this text is not in add.cu'"
+        " 0 time(s), the recipe expects 1; the sdist changed, so update the patch or narrow "
+        "its versions")
+    log = storage.get_bytes(log_key(spec)).decode()
+    assert "FAILED [patch-failed]" in log and "uv" not in log  # before the venv
+    assert not list(storage.list("records/"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvc
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
+from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.maxjobs import learned_per_thread
 from wheelhouse.storage import open_storage
 from worker.build import log_key, run_build
@@ -81,29 +83,89 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
     assert build.peak_job_bytes is not None and build.peak_job_bytes > 0
     assert build.peak_tree_bytes is not None and build.peak_tree_bytes > 0
     assert learned_per_thread(storage, "cudaext", "13.0") is not None  # feeds the next MAX_JOBS
+    assert build.device_code is not None and build.sass_archs == ["80"]
+    assert build.patches == ()  # the fixture's recipe has none
+    # The compile went through this build's sccache server, which counted every compile.
+    assert build.compile_cache is not None
+    assert build.compile_cache.misses >= 3 and build.compile_cache.errors == 0
 
 
 def test_the_log_is_stored_with_the_probe_first_and_no_secret(built: Built) -> None:
     log = open_storage(built.config).get_bytes(log_key(SPEC)).decode()
     assert log.index("wheelhouse: probe: compiling") < log.index("[1/")
-    assert "import check passed: cudaext._C" in log
+    # Each library was loaded the way its package loads it (in the sandbox).
+    assert "loaded: import torch" in log and "loaded: import cudaext._C" in log
+    assert "device code in cudaext/_C" in log and ": sm_80" in log
+    assert "wheelhouse: compile cache: sccache " in log
     assert "do-not-leak" not in log and "ghp_" not in log
 
 
 def test_setup_py_sees_the_recipe_and_no_credentials(built: Built) -> None:
-    [env_file] = built.workdir.glob("*/src/cudaext-0.1.0/build-env.json")
+    # The source sits at one path per project version on the host (so the compile cache hits).
+    [env_file] = built.workdir.glob("src/cudaext-0.1.0/cudaext-0.1.0/build-env.json")
     names = set(json.loads(env_file.read_text()))  # what setup.py saw, by name
     assert {"MAX_JOBS", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "WHEELHOUSE_BUILD_ID"} <= names
     assert not {"AWS_SECRET_ACCESS_KEY", "WHEELHOUSE_REDIS_URL", "GITHUB_TOKEN"} & names
     assert not [n for n in names if n.startswith("WHEELHOUSE_") and n != "WHEELHOUSE_BUILD_ID"]
 
 
-def test_a_second_request_publishes_nothing_new(built: Built) -> None:
+def test_a_second_request_publishes_nothing_new_and_another_python_hits_the_cache(
+        built: Built, monkeypatch: pytest.MonkeyPatch) -> None:
     storage = open_storage(built.config)
     [record] = Catalog(storage, 0).files(SPEC.variant, SPEC.project)
     again = run_build(SPEC, config=built.config, storage=storage, source=built.sdist,
                       timeout=60)
     assert again.already_published and again.record.sha256 == record.sha256
+
+    # Another Python for the same torch x CUDA x arch: only what includes Python.h (the
+    # binding) is compiled again; every kernel comes from the cache.
+    other = BuildSpec.create("cudaext", "0.1.0", python="3.12", torch="2.14", cuda="13.0",
+                             archs=["sm80"])
+    python312 = _find_python("3.12")
+    if python312 is None:
+        pytest.skip("no Python 3.12 for uv here")
+    # Where uv finds it, since the build's environment drops pyenv's PYENV_VERSION.
+    monkeypatch.setenv("PATH", f"{python312.parent}:{os.environ['PATH']}")
+    second = run_build(other, config=built.config, storage=storage, source=built.sdist,
+                       timeout=900)
+    cache = second.record.build.compile_cache
+    assert cache is not None
+    assert cache.misses_by_language.keys() <= {"C/C++"}, cache  # bindings.cpp only
+    assert cache.hits_by_language.get("CUDA", 0) >= 2, cache  # add.cu, scale.cu
+
+
+def _find_python(version: str) -> Path | None:
+    """An interpreter of ``version`` (pyenv's shims answer only when told which one)."""
+    import subprocess
+
+    uv = shutil.which("uv") or "uv"
+    out = subprocess.run([uv, "python", "find", version], capture_output=True, text=True,
+                         check=False, env={**os.environ, "PYENV_VERSION": version})
+    return Path(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def test_a_cpu_only_build_under_a_cuda_label_is_not_published(tmp_path: Path) -> None:
+    """What torch-scatter did without FORCE_CUDA: compile only CPU code. The worker reads the
+    wheel's libraries and refuses to publish it as +cu130 (generic recipe, no recipe of its own)."""
+    from tests.worker.conftest import OPSEXT
+
+    sdist = make_sdist(OPSEXT, tmp_path / "sdist", "opsext", "0.1.0")
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+    spec = BuildSpec.create("opsext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
+                            archs=["sm80"])
+    with pytest.raises(BuildFailed) as err:
+        run_build(spec, config=config, storage=storage, source=sdist, timeout=900)
+    assert err.value.kind is FailureKind.NO_DEVICE_CODE == "no-device-code"
+    assert err.value.reason.startswith("opsext-0.1.0+cu130torch2.14.sm80-cp311-cp311-")
+    assert "holds no GPU device code in its 2 shared libraries (asked for sm_80)" \
+        in err.value.reason
+    assert err.value.facts is not None and err.value.facts.recipe == "generic"
+    found = err.value.facts.device_code or {}
+    assert len(found) == 2 and all(code == {"sass": [], "ptx": []} for code in found.values())
+    log = storage.get_bytes(log_key(spec)).decode()
+    assert "device code in opsext/_ops" in log and "FAILED [no-device-code]" in log
+    assert not list(storage.list("records/")) and not list(storage.list("wheels/"))
 
 
 def test_a_compile_error_is_one_line_from_the_probe(tmp_path: Path) -> None:

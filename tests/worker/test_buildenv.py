@@ -75,10 +75,29 @@ def test_compile_env_puts_the_probe_first_and_the_recipe_last(
     assert not {"AWS_SECRET_ACCESS_KEY", "WHEELHOUSE_REDIS_URL", "GITHUB_TOKEN",
                 "TORCH_CUDA_ARCH_LIST", "PYTHONPATH"} & set(env)
     assert "HTTPS_PROXY" not in env  # only the installer goes to the network
+    assert env["TORCH_NO_COMPILER_WRAPPER"] == "1"  # no cache of torch's own choosing
+    assert "CPLUS_INCLUDE_PATH" not in env  # no CUDA library wheels in this venv
     # Outside a ninja build (no build.ninja) the wrapper is the real ninja.
     out = subprocess.run(["ninja", "--version"], env=env, cwd=tmp_path, capture_output=True,
                          text=True, check=True)
     assert out.stdout == "real ninja --version\n"
+
+
+def test_compile_env_adds_the_library_headers_of_torchs_wheels(tmp_path: Path) -> None:
+    """A minimal toolkit (NVIDIA's wheels, or this host's) lacks cusparse.h and friends, which
+    torch's ATen/cuda headers include; torch's nvidia-* wheels in the venv carry them."""
+    python = _venv_with_ninja(tmp_path)
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages" / "nvidia"
+    for lib in ("cu13", "cudnn", "nccl"):
+        (site / lib / "include").mkdir(parents=True)
+    (site / "cu13" / "lib").mkdir()
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    env = compile_env(workspace, python, TOOLKIT, JOBS, load_recipe("generic"),
+                      Variant.of("2.14", "13.0", ["sm80"]))
+    expected = os.pathsep.join(str(site / lib / "include") for lib in ("cu13", "cudnn", "nccl"))
+    assert env["CPLUS_INCLUDE_PATH"] == env["C_INCLUDE_PATH"] == expected
+    assert env["FORCE_CUDA"] == "1" and env["TORCH_CUDA_ARCH_LIST"] == "8.0"
 
 
 def test_compile_env_without_ninja_is_incompatible(tmp_path: Path,

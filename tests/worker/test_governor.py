@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from worker.compilecache import SERVER_MARK as COMPILE_SERVER
 from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess
 
@@ -91,6 +92,42 @@ def test_hogs_are_paused_and_resumed_and_the_build_completes(
     assert governor.min_available is not None and governor.min_available >= 0
     assert len(governor.job_peaks) == 4
     assert all(peak >= 200 * MiB for peak in governor.job_peaks)
+
+
+def test_under_the_compile_cache_each_child_of_the_server_is_a_job(
+    tmp_path: Path, builds: list[BuildProcess],
+) -> None:
+    """sccache runs every compile as a child of its server, all in the server's one process
+    group: each child is one job (paused alone, its own peak), the server and its waiting
+    clients are none."""
+    build = BuildProcess.start(
+        [sys.executable, str(HOSTILE / "server_jobs.py"), "3", "200", "2", "0.3"],
+        build_id=f"test-{os.getpid()}-server", env=dict(os.environ), cwd=tmp_path,
+        log_path=tmp_path / "build.log")
+    builds.append(build)
+    budget = 600 * MiB
+    governor = MemoryGovernor(build, budget_bytes=budget, low_watermark=150 * MiB,
+                              high_watermark=250 * MiB)
+    server_stopped = False
+
+    def tick() -> None:
+        nonlocal server_stopped
+        governor.tick()
+        for proc in build.processes():
+            try:
+                if (COMPILE_SERVER in proc.environ()
+                        and proc.status() == psutil.STATUS_STOPPED):
+                    server_stopped = True
+            except psutil.Error:
+                continue
+
+    outcome = build.wait(deadline=time.monotonic() + 60, on_tick=tick, tick=0.1)
+
+    assert outcome.returncode == 0, (tmp_path / "build.log").read_text()
+    assert governor.pauses >= 1 and governor.resumes == governor.pauses
+    assert not server_stopped  # pausing a compile never stops the server (or every compile)
+    assert len(governor.job_peaks) == 3  # the three hogs; not the server, not its clients
+    assert all(200 * MiB <= peak < 400 * MiB for peak in governor.job_peaks)
 
 
 def test_a_paused_build_still_obeys_its_deadline(

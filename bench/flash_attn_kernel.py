@@ -1,0 +1,287 @@
+"""Compile one real flash-attn kernel, patched by its recipe, against torch 2.14 headers.
+
+Proves that the flash-attn recipe builds flash-attn 2.8.3.post2 (the newest sdist) for torch 2.14 /
+CUDA 13.0, in minutes instead of the hours of a full build:
+
+1. the real sdist from PyPI (sha256-checked, cached like the tests' sdists);
+2. the recipe's patches for this version and torch (``wheelhouse.patches.apply_patches``);
+3. the patched ``setup.py build_ext`` in a venv with torch 2.14.1, under the recipe's environment
+   for one architecture (sm80): torch's ``cpp_extension`` writes its ``build.ninja`` with every
+   flag it would use, and a stand-in ``ninja`` on PATH stops the build there;
+4. the real ninja builds that one kernel's object from the generated file, exactly as the full
+   build would, while psutil samples the process tree's memory every 0.1 s.
+
+It also runs step 4 on the unpatched sdist, which must fail (C++17 against torch 2.14's headers),
+so the figures show both that the patch is needed and that it suffices.
+
+The default kernel, ``flash_fwd_hdim32_fp16_causal_sm80.cu``, is the cheapest of the 72 kernel
+files: its launcher instantiates 14 distinct ``flash_fwd_kernel`` specializations (head dim 32,
+causal, so no local-window variants), against 25 for the non-causal hdim32 file, 28 plus combine
+kernels for the causal split-KV file, and more for every backward file (see docs/recipes.md).
+
+    python bench/flash_attn_kernel.py [--workdir DIR] [--venv DIR] [--kernel PATH] [--arch 80]
+                                      [--project flash-attn --version 2.8.3.post2]
+                                      [--skip-unpatched] [--json out.json]
+
+Needs nvcc 13.x (``--cuda-home``, default /usr/local/cuda-13.0), and torch 2.14.1 for CUDA 13.0
+from ``--find-links`` (default /opt/pypi-more/files); the venv is made once and reused with
+``--venv``. ``--project``/``--version``/``--kernel`` measure another recipe's kernel the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from wheelhouse.patches import apply_patches
+from wheelhouse.recipes import load_recipe
+from wheelhouse.variants import Variant
+
+MiB = 1 << 20
+TORCH = "2.14.1"
+DEFAULT_KERNEL = "csrc/flash_attn/src/flash_fwd_hdim32_fp16_causal_sm80.cu"
+SDIST_CACHE = Path(os.environ.get(
+    "WHEELHOUSE_TEST_SDIST_CACHE", Path.home() / ".cache" / "wheelhouse-tests" / "sdists"))
+STOP_MARK = 97
+# Stands in for ninja while setup.py runs: answers torch's availability check, records where
+# build.ninja was written, and stops the build before anything compiles.
+FAKE_NINJA = """#!/bin/sh
+if [ "$1" = "--version" ]; then exec {ninja} --version; fi
+pwd > "$WHEELHOUSE_BENCH_NINJA_DIR"
+exit {mark}
+"""
+
+
+@dataclass
+class Compile:
+    tree: str
+    ok: bool
+    seconds: float
+    peak_tree_mib: float
+    peak_process_mib: float
+    peak_process: str
+    object_bytes: int
+    device_code: str
+    first_error: str
+
+
+def fetch_sdist(project: str, version: str, cache: Path) -> Path:
+    """The sdist from PyPI's JSON simple API, checked against its listed sha256."""
+    request = urllib.request.Request(
+        f"https://pypi.org/simple/{canonicalize_name(project)}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        files = json.load(answer)["files"]
+    stem = f"{canonicalize_name(project).replace('-', '_')}-{version}.tar.gz"
+    entry = next(f for f in files if f["filename"] == stem)
+    path = cache / stem
+    if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != \
+            entry["hashes"]["sha256"]:
+        cache.mkdir(parents=True, exist_ok=True)
+        with urllib.request.urlopen(entry["url"], timeout=600) as answer:
+            data = answer.read()
+        if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
+            raise SystemExit(f"{stem}: sha256 differs from PyPI's")
+        path.write_bytes(data)
+    return path
+
+
+def unpack(sdist: Path, dest: Path) -> Path:
+    with tarfile.open(sdist) as tf:
+        tf.extractall(dest, filter="data")
+        (top,) = {Path(n).parts[0] for n in tf.getnames()}
+    return dest / top
+
+
+def make_venv(venv: Path, find_links: str, requirements: list[str]) -> Path:
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run(
+            [str(python), "-c", f"import torch; assert torch.__version__.startswith('{TORCH}')"],
+            capture_output=True, check=False).returncode == 0:
+        return python
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--find-links", find_links,
+                    f"torch=={TORCH}", *requirements], check=True)
+    return python
+
+
+def generate_ninja(python: Path, src: Path, env: dict[str, str], work: Path) -> Path:
+    """Run setup.py build_ext until torch has written build.ninja; returns that file."""
+    real = shutil.which("ninja", path=str(python.parent)) or shutil.which("ninja")
+    assert real, "ninja is needed"
+    stub_dir = work / "stub-bin"
+    stub_dir.mkdir(exist_ok=True)
+    stub = stub_dir / "ninja"
+    stub.write_text(FAKE_NINJA.format(ninja=real, mark=STOP_MARK))
+    stub.chmod(0o755)
+    mark = work / f"ninja-dir-{src.name}"
+    mark.unlink(missing_ok=True)
+    run_env = {**env, "PATH": f"{stub_dir}:{python.parent}:{env['PATH']}",
+               "WHEELHOUSE_BENCH_NINJA_DIR": str(mark)}
+    done = subprocess.run([str(python), "setup.py", "build_ext"], cwd=src, env=run_env,
+                          capture_output=True, text=True, check=False)
+    if not mark.exists():
+        raise SystemExit(f"setup.py stopped before writing build.ninja:\n{done.stdout[-3000:]}"
+                         f"\n{done.stderr[-3000:]}")
+    return Path(mark.read_text().strip()) / "build.ninja"
+
+
+def ninja_target(build_ninja: Path, kernel: Path) -> str:
+    for line in build_ninja.read_text().splitlines():
+        m = re.match(r"build (\S+\.o): cuda_compile (\S+)$", line)
+        if m and Path(m.group(2)).resolve() == kernel.resolve():
+            return m.group(1)
+    raise SystemExit(f"{kernel.name} is not in {build_ninja}")
+
+
+def compile_one(tree: str, build_ninja: Path, target: str, env: dict[str, str]) -> Compile:
+    """Build one object with the real ninja, sampling the whole process tree's memory."""
+    Path(target).unlink(missing_ok=True)
+    log = build_ninja.parent / f"{Path(target).name}.log"
+    start = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(["ninja", "-f", str(build_ninja), "-v", "-j", "1", target],
+                                cwd=build_ninja.parent, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    root = psutil.Process(proc.pid)
+    peak_tree = peak_one = 0
+    peak_name = ""
+    while proc.poll() is None:
+        total = 0
+        try:
+            members = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            members = []
+        for p in members:
+            try:
+                rss = p.memory_info().rss
+                name = p.name()
+            except psutil.Error:
+                continue
+            total += rss
+            if rss > peak_one:
+                peak_one, peak_name = rss, name
+        peak_tree = max(peak_tree, total)
+        time.sleep(0.1)
+    seconds = time.monotonic() - start
+    text = log.read_text(errors="replace")
+    ok = proc.returncode == 0 and Path(target).is_file()
+    errors = [ln.strip() for ln in text.splitlines() if "error" in ln]
+    return Compile(
+        tree=tree, ok=ok, seconds=round(seconds, 1), peak_tree_mib=round(peak_tree / MiB),
+        peak_process_mib=round(peak_one / MiB), peak_process=peak_name,
+        object_bytes=Path(target).stat().st_size if ok else 0,
+        device_code=_device_code(Path(target)) if ok else "",
+        first_error=errors[0][:300] if errors else ("" if ok else text[-300:]),
+    )
+
+
+def _device_code(obj: Path) -> str:
+    """The size of the object's .nv_fatbin section (where the SASS lives), from readelf."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        return "readelf not found"
+    sections = subprocess.run([readelf, "-S", "-W", str(obj)], capture_output=True, text=True,
+                              check=False).stdout
+    m = re.search(r"\.nv_fatbin\s+\S+\s+\S+\s+\S+\s+([0-9a-f]+)", sections)
+    return f".nv_fatbin {int(m.group(1), 16)} bytes" if m else "no .nv_fatbin section"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--project", default="flash-attn")
+    parser.add_argument("--version", default="2.8.3.post2")
+    parser.add_argument("--kernel", default=DEFAULT_KERNEL, help="path inside the sdist")
+    parser.add_argument("--arch", default="80")
+    parser.add_argument("--workdir", type=Path, help="kept; default: a temporary directory")
+    parser.add_argument("--venv", type=Path, help="venv with torch 2.14.1 (made if missing)")
+    parser.add_argument("--find-links", default="/opt/pypi-more/files")
+    parser.add_argument("--cuda-home", default=os.environ.get("CUDA_HOME",
+                                                              "/usr/local/cuda-13.0"))
+    parser.add_argument("--skip-unpatched", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="fa-kernel-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    recipe = load_recipe(args.project)
+    variant = Variant.of("2.14", "13.0", [args.arch])
+    t0 = time.monotonic()
+    sdist = fetch_sdist(args.project, args.version, SDIST_CACHE)
+    python = make_venv(args.venv or work / "venv", args.find_links, list(recipe.build_requires))
+    torch_version = subprocess.run([str(python), "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True, check=True).stdout.strip()
+    print(f"sdist {sdist.name} ({sdist.stat().st_size / MiB:.1f} MiB), torch {torch_version}, "
+          f"setup {time.monotonic() - t0:.0f}s", flush=True)
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WHEELHOUSE_", "MAX_JOBS"))}
+    env.update(recipe.environment(variant, max_jobs=1))
+    env.update({"MAX_JOBS": "1", "CUDA_HOME": args.cuda_home,
+                "PATH": f"{args.cuda_home}/bin:{env.get('PATH', os.defpath)}"})
+
+    trees = [("patched", True)] + ([] if args.skip_unpatched else [("unpatched", False)])
+    results: list[Compile] = []
+    report: dict[str, object] = {"project": args.project, "version": args.version,
+                                 "torch": torch_version, "arch": args.arch,
+                                 "kernel": args.kernel, "env": recipe.environment(variant,
+                                                                                  max_jobs=1)}
+    for name, patched in trees:
+        src = unpack(sdist, work / name)
+        if patched:
+            patches = recipe.patches_for(Version(args.version), Version(torch_version))
+            applied = apply_patches(patches, src)
+            report["patches"] = [a.to_dict() for a in applied]
+            print("applied: " + (", ".join(f"{a.ref} ({a.sha256[:12]})" for a in applied)
+                                 or "none"), flush=True)
+        t1 = time.monotonic()
+        build_ninja = generate_ninja(python, src, env, work)
+        target = ninja_target(build_ninja, src / args.kernel)
+        command = subprocess.run(["ninja", "-f", str(build_ninja), "-t", "commands", target],
+                                 cwd=build_ninja.parent, capture_output=True, text=True,
+                                 check=True, env=env).stdout.strip().splitlines()[-1]
+        std = sorted(set(re.findall(r"-std=c\+\+\d+", command)))
+        includes_torch = f"{python.parent.parent}/lib" in command and "torch/include" in command
+        print(f"[{name}] setup.py wrote build.ninja in {time.monotonic() - t1:.0f}s; nvcc "
+              f"{' '.join(std)}, torch headers from the venv: {includes_torch}", flush=True)
+        result = compile_one(name, build_ninja, target, env)
+        results.append(result)
+        report[f"{name}_command"] = command
+        print(json.dumps(asdict(result)), flush=True)
+
+    report["compiles"] = [asdict(r) for r in results]
+    print(f"\n{args.project} {args.version}, {Path(args.kernel).name}, sm{args.arch}, "
+          f"torch {torch_version}, nvcc threads {env.get('NVCC_THREADS', '-')}")
+    print(f"{'tree':10} {'result':8} {'wall s':>7} {'peak tree MiB':>14} {'peak process':>20}")
+    for r in results:
+        print(f"{r.tree:10} {'ok' if r.ok else 'FAILED':8} {r.seconds:>7.1f} "
+              f"{r.peak_tree_mib:>14} {f'{r.peak_process_mib} ({r.peak_process})':>20}")
+        if r.ok:
+            print(f"{'':10} object {r.object_bytes / MiB:.1f} MiB, {r.device_code}")
+        else:
+            print(f"{'':10} {r.first_error}")
+    print(f"\nnvcc command (patched):\n{report['patched_command']}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    patched_ok = results[0].ok
+    unpatched_failed = args.skip_unpatched or not results[1].ok
+    return 0 if patched_ok and unpatched_failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

