@@ -328,7 +328,10 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
     # the wheel for the import check with the base interpreter.
     install = next(line for line in ran if "--prefix" in line)
     assert "/venv/bin/python" not in install
-    assert not list((tmp_path / "work").iterdir())
+    # The build's workspace and its source are gone; the host's compile cache and the source
+    # path's lock stay.
+    assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache"}
+    assert [p.name for p in (tmp_path / "work" / "src").iterdir()] == ["cext-0.1.0.lock"]
 
 
 def test_two_builds_of_one_spec_on_one_host_leave_each_other_alone(
