@@ -69,6 +69,9 @@ def _sign_in(page: Any, url: str, token: str, shots: Path) -> None:
     page.click("#login-form button[type=submit]")
     page.wait_for_url(f"{url}/request")
     assert "signed in as" in page.inner_text("header")
+    # The form suggests the recipe projects (built-in ones first); these tests build the fixture.
+    page.goto(f"{url}/request?project=cudaext")
+    assert page.input_value("#project") == "cudaext"
 
 
 def _fill(page: Any, *, version: str, torch: str, cuda: str, python: str,
