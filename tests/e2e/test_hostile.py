@@ -321,8 +321,16 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
     assert "hostile-was-here" not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
     # Nothing was written outside its workspace (which is gone with the build).
     assert not [p for p in writes if p.exists()]
+    # Besides the workspace, what a build leaves on the host by design: the worker's lock on
+    # the project version's source path (empty), and the compile cache's entries in this
+    # project's own namespace, where the sandbox let the build's sccache server write.
+    lock = str(work / "src" / "hostile-0.1.0.lock")
+    own_cache = f"{work / 'sccache' / 'hostile'}/"
+    assert after.pop(lock, (0, 0))[0] == 0
+    after = {path: st for path, st in after.items() if not path.startswith(own_cache)}
     assert after == before, set(after.items()) ^ set(before.items())
-    assert list(work.iterdir()) == [work / "notes.txt"]
+    assert {p.name for p in work.iterdir()} <= {"notes.txt", "src", "sccache"}
+    assert [p.name for p in (work / "sccache").iterdir()] in ([], ["hostile"])
 
     # The build page and the record say how it was sandboxed.
     assert view["sandbox"] == sandbox.describe() and sandbox.describe() in page

@@ -217,7 +217,7 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     page = client.get("/request").text
     options = _options(page)
     # The project is typed; recipe projects are suggested.
-    assert 'id="project" name="project" list="project-list" value="flash-attn"' in page
+    assert 'id="project" name="project" list="project-list" value="causal-conv1d"' in page
     assert ('<datalist id="project-list"><option value="causal-conv1d"><option value="flash-attn">'
             '<option value="mamba-ssm"></datalist>') in page
     cuda = {v: o for v, o in options["cuda"].items() if v}
