@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import TLSFiles, free_port, make_tls_certs, wait_for_port
+from tests.helpers import Listener, TLSFiles, free_port, make_tls_certs, wait_for_port
 from wheelhouse.config import Config
 from wheelhouse.storage import LocalStorage, S3Storage, Storage
 
@@ -194,3 +194,24 @@ def storage(request: pytest.FixtureRequest) -> Storage:
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    """A TCP listener on every address that counts the connections it accepts."""
+    server = Listener()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def failing_bwrap(tmp_path: Path) -> Path:
+    """A bubblewrap that fails as it does in a container without the privileges it needs."""
+    path = tmp_path / "bin" / "bwrap"
+    path.parent.mkdir()
+    path.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: "
+                    "Operation not permitted' >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path

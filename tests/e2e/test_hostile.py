@@ -40,7 +40,7 @@ from tests.helpers import (
     start_index,
     wait_for_port,
 )
-from tests.worker.conftest import FIXTURES, TORCH_FIND_LINKS, build_config, make_sdist
+from tests.worker.conftest import TORCH_FIND_LINKS, build_config, hostile_sdist
 from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.fleet import live_workers
@@ -81,15 +81,6 @@ def guarded_redis(tmp_path: Path) -> Iterator[tuple[str, str]]:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    server = Listener()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
@@ -242,10 +233,7 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
             "kill": [worker.pid],
             "write": [str(p) for p in writes],
         }
-        src = tmp_path / "hostile-src"
-        shutil.copytree(FIXTURES / "hostile", src)
-        (src / "targets.json").write_text(json.dumps(targets))
-        sdist = make_sdist(src, tmp_path / "sdist", "hostile", "0.1.0")
+        sdist = hostile_sdist(tmp_path, targets)
         before = _files(tmp_path, home)
         noauth_before = conn.info("errorstats").get("errorstat_NOAUTH", {}).get("count", 0)
 

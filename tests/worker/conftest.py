@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -41,6 +42,17 @@ def require_nvcc() -> None:
     if os.environ.get("WHEELHOUSE_REQUIRE_NVCC") == "1":
         pytest.fail(f"nvcc tests are mandatory here (WHEELHOUSE_REQUIRE_NVCC=1), but {reason}")
     pytest.skip(reason)
+
+
+def hostile_sdist(dest_dir: Path, targets: dict[str, object] | None = None) -> Path:
+    """The hostile fixture as an sdist: what it should try in ``targets.json``, and the C
+    extension's device code (``fatbin.h``) so that its wheel passes the device-code check."""
+    src = dest_dir / "hostile-src"
+    shutil.copytree(FIXTURES / "hostile", src)
+    shutil.copy(FIXTURES / "cext" / "fatbin.h", src / "hostile" / "fatbin.h")
+    if targets is not None:
+        (src / "targets.json").write_text(json.dumps(targets))
+    return make_sdist(src, dest_dir / "sdist", "hostile", "0.1.0")
 
 
 def make_sdist(src: Path, dest_dir: Path, name: str, version: str) -> Path:

@@ -401,17 +401,6 @@ def test_a_wheel_that_fails_its_checks_is_never_published(
     assert "FAILED [invalid-wheel]" in storage.get_bytes(log_key(CEXT)).decode()
 
 
-@pytest.fixture
-def failing_bwrap(tmp_path: Path) -> Path:
-    """A bubblewrap that fails as it does in a container without the privileges it needs."""
-    path = tmp_path / "bin" / "bwrap"
-    path.parent.mkdir()
-    path.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: "
-                    "Operation not permitted' >&2\nexit 1\n")
-    path.chmod(0o755)
-    return path
-
-
 def test_a_build_fails_closed_when_the_sandbox_cannot_be_made(
     tmp_path: Path, toolkit: ToolkitInfo, failing_bwrap: Path,
 ) -> None:

@@ -18,7 +18,6 @@ import sys
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -26,7 +25,7 @@ import pytest
 import redis
 
 from tests.helpers import Listener, host_addresses, make_venv
-from tests.worker.conftest import FIXTURES, make_sdist
+from tests.worker.conftest import hostile_sdist
 from tests.worker.test_governor import JobStates
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
@@ -44,21 +43,11 @@ from worker.sandbox import (
 )
 from worker.sdist import unpack
 
-HOSTILE_SDIST = FIXTURES / "hostile"
 HOSTILE_SCRIPTS = Path(__file__).resolve().parent / "hostile"
 IS_ROOT = os.geteuid() == 0
 MiB = 1 << 20
 
 pytestmark = pytest.mark.sandbox
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    server = Listener()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +182,7 @@ def test_a_hostile_sdist_learns_nothing_reaches_nothing_and_writes_nothing_outsi
         "kill": [fake_worker.pid, os.getpid()],
         "write": [str(p) for p in writes],
     }
-    sdist = make_sdist(HOSTILE_SDIST, tmp_path / "sdist", "hostile", "0.1.0")
+    sdist = hostile_sdist(tmp_path)
     src = unpack(sdist, workspace.src)
     (src / "targets.json").write_text(json.dumps(targets))
     server = redis.Redis.from_url(redis_url)
@@ -272,17 +261,6 @@ def test_network_opt_in_shares_the_host_network(
 
 
 # --- fail closed ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def failing_bwrap(tmp_path: Path) -> Path:
-    """A bubblewrap that fails the way a container without the privileges makes it fail."""
-    path = tmp_path / "bin" / "bwrap"
-    path.parent.mkdir()
-    path.write_text("#!/bin/sh\necho 'bwrap: Creating new namespace failed: "
-                    "Operation not permitted' >&2\nexit 1\n")
-    path.chmod(0o755)
-    return path
 
 
 @pytest.mark.parametrize(("setting", "reason"), [
