@@ -265,6 +265,7 @@ class Builder:
 
     def _sandboxed(self, argv: Sequence[str], *, env: dict[str, str], cwd: Path, what: str,
                    read_only: Iterable[Path | None] = (), writable: Iterable[Path] = (),
+                   shared: Iterable[Path] = (),
                    network: bool = False, governor_reserve: int | None = None,
                    ) -> tuple[Outcome, MemoryGovernor | None]:
         """Run a program that executes the sdist's code, or code it chose, in the sandbox.
@@ -276,9 +277,10 @@ class Builder:
         and ``TMPDIR`` are ``<workspace>/home`` and ``<workspace>/tmp``. The disk cap counts
         what it writes. With ``WHEELHOUSE_BUILD_SANDBOX=off`` the program runs as it is.
         """
+        shared = tuple(shared)
         layout = Layout.in_workspace(self.workspace,
                                      read_only=[p for p in read_only if p is not None],
-                                     writable=writable)
+                                     writable=[*writable, *shared])
         uids: frozenset[int] = frozenset()
         if self.sandbox is None:
             for path in layout.all_writable:
@@ -290,7 +292,8 @@ class Builder:
             wrapped = self.sandbox.wrap(argv, layout=layout, cwd=cwd, network=network)
             run_env = self.sandbox.environment(env, layout)
             uids = self.sandbox.build_uids
-        quota = DiskQuota.from_config(self.config, layout.all_writable)
+        quota = DiskQuota.from_config(
+            self.config, [p for p in layout.all_writable if p not in shared], shared=shared)
         shown = [*(["[unsandboxed]"] if self.sandbox is None else ["[sandbox]"]), *argv]
         return self._run(wrapped, env=run_env, cwd=cwd, what=what, shown=shown, uids=uids,
                          quota=quota, governor_reserve=governor_reserve)
@@ -682,12 +685,13 @@ class Builder:
             # server's runtime directory and the project's cache directory (docs/compiling.md).
             writable = [self.source_root, dist]
             if cache is not None:
-                writable += [cache.runtime_dir, cache.directory]
+                writable.append(cache.runtime_dir)
             try:
                 outcome, _ = self._sandboxed(
                     argv, env=env, cwd=src, what="the compile",
                     read_only=[*venv.read_only, Path(toolkit.home), self.workspace / "probe-bin"],
-                    writable=writable, governor_reserve=reserve)
+                    writable=writable, governor_reserve=reserve,
+                    shared=[cache.directory] if cache is not None else [])
             finally:
                 self._cache_done(cache)
             if outcome.returncode == 0:

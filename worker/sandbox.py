@@ -393,29 +393,42 @@ class DiskQuota:
     seconds from the reaper's tick and kills the build past the cap: it may overshoot by what
     the build writes between two looks. The RAM-backed ``/tmp`` and ``/dev/shm`` have their own
     hard cap (``TMPFS_BYTES``).
+
+    ``shared`` paths outlive the build (the compile cache's directory): only what they grow by
+    after the quota is made counts, not what earlier builds left there.
     """
 
     def __init__(self, paths: Iterable[Path], limit_bytes: int, *, every: float = 5.0,
-                 max_entries: int = 2_000_000) -> None:
+                 max_entries: int = 2_000_000, shared: Iterable[Path] = ()) -> None:
         self.paths = tuple(paths)
+        self.shared = tuple(shared)
         self.limit_bytes = limit_bytes
         self.every = every
         self.max_entries = max_entries
         self.peak = 0
         self._next = 0.0
+        self._shared_before = self._measure(self.shared)
 
     @classmethod
-    def from_config(cls, config: Config, paths: Iterable[Path]) -> DiskQuota | None:
+    def from_config(cls, config: Config, paths: Iterable[Path],
+                    shared: Iterable[Path] = ()) -> DiskQuota | None:
         if config.build_disk_limit_gib <= 0:
             return None
-        return cls(paths, int(config.build_disk_limit_gib * GIB))
+        return cls(paths, int(config.build_disk_limit_gib * GIB), shared=shared)
 
     def usage(self) -> int:
-        """Bytes allocated below the paths; raise ``BuildFailed`` for a tree too big to walk."""
+        """Bytes the build holds below the paths (and has added below the shared ones); raise
+        ``BuildFailed`` for a tree too big to walk."""
+        total = (self._measure(self.paths)
+                 + max(0, self._measure(self.shared) - self._shared_before))
+        self.peak = max(self.peak, total)
+        return total
+
+    def _measure(self, paths: Iterable[Path]) -> int:
         linked: set[tuple[int, int]] = set()  # only multiply-linked files: a set of all is big
         total = entries = 0
         try:
-            for root in self.paths:
+            for root in paths:
                 for _, _, st in _walk(root):
                     entries += 1
                     if entries > self.max_entries:
@@ -431,7 +444,6 @@ class DiskQuota:
             raise BuildFailed(FailureKind.TOO_LARGE,
                               f"the build nested directories deeper than {MAX_DEPTH} levels"
                               ) from None
-        self.peak = max(self.peak, total)
         return total
 
     def check(self) -> None:

@@ -191,6 +191,10 @@ def test_a_hostile_sdist_learns_nothing_reaches_nothing_and_writes_nothing_outsi
 
     s3 = make_s3_client(s3_config)
     buckets_before = {b["Name"] for b in s3.list_buckets()["Buckets"]}
+    # The session's S3 server is shared: other tests' objects (a real worker's hostile build,
+    # say) are there already; this build must add none.
+    objects_before = {(bucket, o["Key"]) for bucket in buckets_before
+                      for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
 
     try:
         build = workspace.start(sandbox, [str(workspace.python), "-m", "pip", "wheel",
@@ -236,9 +240,9 @@ def test_a_hostile_sdist_learns_nothing_reaches_nothing_and_writes_nothing_outsi
     assert server.info("stats")["total_connections_received"] == connections_before
     assert server.get("hostile-was-here") is None
     assert {b["Name"] for b in s3.list_buckets()["Buckets"]} == buckets_before
-    for bucket in buckets_before:
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
-        assert not [key for key in keys if "hostile" in key]
+    objects_after = {(bucket, o["Key"]) for bucket in buckets_before
+                     for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+    assert objects_after == objects_before, objects_after ^ objects_before
     # No signal reached anything outside.
     assert all(result.startswith("failed") for pid, result in findings["signals"].items()
                if "probe" not in pid), findings["signals"]
@@ -395,6 +399,23 @@ def test_disk_quota_counts_hard_links_once_and_follows_no_link(tmp_path: Path) -
     (data / "link").symlink_to("/usr")
     quota = DiskQuota([data], 10 * MiB)
     assert MiB <= quota.usage() < 2 * MiB
+
+
+def test_disk_quota_counts_only_what_a_shared_directory_grows_by(tmp_path: Path) -> None:
+    """The compile cache outlives builds: what earlier builds left there is not this build's."""
+    own, cache = tmp_path / "own", tmp_path / "cache"
+    own.mkdir()
+    cache.mkdir()
+    (cache / "earlier").write_bytes(b"x" * 4 * MiB)
+    quota = DiskQuota([own], 3 * MiB, every=0, shared=[cache])
+    assert quota.usage() < MiB
+    quota.check()
+    (cache / "mine").write_bytes(b"x" * 2 * MiB)
+    (own / "obj").write_bytes(b"x" * 2 * MiB)
+    assert 4 * MiB <= quota.usage() < 5 * MiB
+    with pytest.raises(BuildFailed) as failed:
+        quota.check()
+    assert failed.value.kind is FailureKind.TOO_LARGE
 
 
 def test_take_wheel_copies_one_regular_file_and_refuses_links_and_fifos(
