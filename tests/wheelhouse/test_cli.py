@@ -141,8 +141,9 @@ def test_build_uses_storage_over_the_environment(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "w", "flash-attn", str(spec.wheel_version),
                        tag="cp311-cp311-linux_x86_64")
     publish(LocalStorage(chosen), wheel, spec.variant)
+    # No toolkit from NVIDIA's wheels either: the build fails at once, as this test needs.
     config = Config(storage=str(tmp_path / "configured"), workspace=str(tmp_path / "work"),
-                    upstream="off")
+                    upstream="off", toolkit_wheels=False)
     argv = ("build", "flash-attn==2.8.3", "--torch", "2.8", "--cuda", "12.8", "--python", "3.11")
     done = run_console(*argv, "--storage", str(chosen), config=config)
     assert done.returncode == 0, done.stderr
@@ -157,7 +158,7 @@ def test_build_takes_any_project_unless_the_allowlist_says_otherwise(tmp_path: P
     """The CLI agrees with the API and the form: no recipe is needed (the generic one builds
     it), and WHEELHOUSE_ALLOWED_PROJECTS is the operator's way to restrict what is built."""
     config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "work"),
-                    upstream="off")
+                    upstream="off", toolkit_wheels=False)
     argv = ("build", "some-cuda-ext==1.0", "--torch", "2.8", "--cuda", "12.8", "--python",
             "3.11")
     attempted = run_console(*argv, config=config)
@@ -227,7 +228,8 @@ def test_a_clone_stays_clean_after_running_with_the_defaults(tmp_path: Path) -> 
     assert published.returncode == 0, published.stderr
     # A build (that fails: no toolkit or no upstream) leaves its log in the default workspace.
     built = run_console("build", "flash-attn==2.8.3", "--torch", "2.8", "--cuda", "12.8",
-                        "--keep-workspace", env={"WHEELHOUSE_UPSTREAM": "off"}, cwd=clone)
+                        "--keep-workspace", cwd=clone,
+                        env={"WHEELHOUSE_UPSTREAM": "off", "WHEELHOUSE_TOOLKIT_WHEELS": "false"})
     assert built.returncode == 1
     defaults = Config()
     assert any((clone / defaults.storage).rglob("*.whl"))

@@ -401,6 +401,30 @@ def test_a_wheel_that_fails_its_checks_is_never_published(
     assert "FAILED [invalid-wheel]" in storage.get_bytes(log_key(CEXT)).decode()
 
 
+def test_a_cpu_only_build_under_a_cuda_label_is_not_published(
+    tmp_path: Path, toolkit: ToolkitInfo,
+) -> None:
+    """What torch-scatter did without FORCE_CUDA: a build that compiled no GPU code. The worker
+    reads the wheel's libraries and refuses to publish it as +cu130 (generic recipe)."""
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+    sdist = _cext_sdist(tmp_path, device_code=False)
+
+    with pytest.raises(BuildFailed) as failed:
+        run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                  toolkits=[toolkit])
+
+    assert failed.value.kind is FailureKind.NO_DEVICE_CODE == "no-device-code"
+    assert failed.value.reason.startswith(f"{CEXT.expected_wheel_name} holds no GPU device code "
+                                          "in its 1 shared library (asked for sm_80)")
+    assert failed.value.facts is not None and failed.value.facts.recipe == "generic"
+    found = failed.value.facts.device_code or {}
+    assert list(found.values()) == [{"sass": [], "ptx": []}]
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert "device code in cext/_native" in log and "FAILED [no-device-code]" in log
+    assert not list(storage.list("records/")) and not list(storage.list("wheels/"))
+
+
 def test_a_build_fails_closed_when_the_sandbox_cannot_be_made(
     tmp_path: Path, toolkit: ToolkitInfo, failing_bwrap: Path,
 ) -> None:

@@ -16,7 +16,6 @@ from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvc
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.maxjobs import learned_per_thread
 from wheelhouse.storage import open_storage
 from worker.build import log_key, run_build
@@ -142,30 +141,6 @@ def _find_python(version: str) -> Path | None:
     out = subprocess.run([uv, "python", "find", version], capture_output=True, text=True,
                          check=False, env={**os.environ, "PYENV_VERSION": version})
     return Path(out.stdout.strip()) if out.returncode == 0 else None
-
-
-def test_a_cpu_only_build_under_a_cuda_label_is_not_published(tmp_path: Path) -> None:
-    """What torch-scatter did without FORCE_CUDA: compile only CPU code. The worker reads the
-    wheel's libraries and refuses to publish it as +cu130 (generic recipe, no recipe of its own)."""
-    from tests.worker.conftest import OPSEXT
-
-    sdist = make_sdist(OPSEXT, tmp_path / "sdist", "opsext", "0.1.0")
-    config = build_config(tmp_path)
-    storage = open_storage(config)
-    spec = BuildSpec.create("opsext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
-                            archs=["sm80"])
-    with pytest.raises(BuildFailed) as err:
-        run_build(spec, config=config, storage=storage, source=sdist, timeout=900)
-    assert err.value.kind is FailureKind.NO_DEVICE_CODE == "no-device-code"
-    assert err.value.reason.startswith("opsext-0.1.0+cu130torch2.14.sm80-cp311-cp311-")
-    assert "holds no GPU device code in its 2 shared libraries (asked for sm_80)" \
-        in err.value.reason
-    assert err.value.facts is not None and err.value.facts.recipe == "generic"
-    found = err.value.facts.device_code or {}
-    assert len(found) == 2 and all(code == {"sass": [], "ptx": []} for code in found.values())
-    log = storage.get_bytes(log_key(spec)).decode()
-    assert "device code in opsext/_ops" in log and "FAILED [no-device-code]" in log
-    assert not list(storage.list("records/")) and not list(storage.list("wheels/"))
 
 
 def test_a_compile_error_is_one_line_from_the_probe(tmp_path: Path) -> None:
