@@ -45,6 +45,8 @@ class BuildLog:
         path.touch()
         self._lock = threading.Lock()
         self._written = path.stat().st_size
+        self._appended = self._written
+        """Every byte ever appended, stored or not: the offsets of :meth:`size`."""
         self._tail = bytearray()
         self._dropped = 0
         self.truncated = 0
@@ -63,6 +65,7 @@ class BuildLog:
 
     def _append(self, data: bytes) -> None:
         with self._lock:
+            self._appended += len(data)
             self._live += data
             if len(self._live) > LIVE_LIMIT:
                 cut = len(self._live) - LIVE_LIMIT
@@ -146,13 +149,15 @@ class BuildLog:
 
     def size(self) -> int:
         """Where the log ends now: pass it to :meth:`since` to read what a program adds."""
-        return self.path.stat().st_size
+        with self._lock:
+            return self._appended
 
     def since(self, offset: int, limit: int = 1_000_000) -> str:
-        """What was written after ``offset`` (at most ``limit`` bytes of it, from the start)."""
-        with self.path.open("rb") as f:
-            f.seek(offset)
-            return f.read(limit).decode("utf-8", errors="replace")
+        """What was appended after ``offset`` (its last ``limit`` bytes), also once the log is
+        over its cap and new output is kept in memory rather than in the file."""
+        with self._lock:
+            added = self._appended - offset
+        return self.tail(min(added, limit)) if added > 0 else ""
 
     def tail(self, limit: int = 400_000) -> str:
         """The last ``limit`` bytes of the log (the kept tail, when output was cut)."""

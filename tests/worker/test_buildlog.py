@@ -70,6 +70,17 @@ def test_tail_is_the_end_of_the_file(tmp_path: Path) -> None:
     assert log.tail() == content
 
 
+def test_what_a_program_adds_is_read_back_also_past_the_cap(tmp_path: Path) -> None:
+    """The load check parses its own output from the log: over the cap, new output is held in
+    memory until the log is sealed, and must still be what ``since`` returns."""
+    log = _Seen().log(tmp_path / "build.log", limit_bytes=1000)
+    log.write("y" * 2000)  # past the cap: the file stops growing
+    start = log.size()
+    log.write("loaded: import cext._native")
+    assert log.since(start) == "wheelhouse: loaded: import cext._native\n"
+    assert log.since(log.size()) == ""
+
+
 def test_a_log_over_its_cap_keeps_its_head_and_tail_and_says_what_was_cut(
     tmp_path: Path,
 ) -> None:
