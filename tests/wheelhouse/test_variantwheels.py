@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from tests.helpers import make_wheel
+from tests.helpers import make_wheel, run_console
 from wheelhouse import gc, variantwheels, verify
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import Catalog
+from wheelhouse.config import Config
 from wheelhouse.publish import publish
-from wheelhouse.storage import Storage
+from wheelhouse.storage import Storage, open_storage
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import parse_metadata, read_metadata, split_variant_label, validate_wheel
 
@@ -149,3 +150,24 @@ def test_republish_backfills_and_gc_keeps_both_forms(storage: Storage, tmp_path:
     doomed = {d.key.rpartition("/")[2] for d in gc.plan(storage, keep_versions=1)}
     assert "pkg-1.0+pt214-py3-none-any-cu130sm90.whl" in doomed
     assert not any(name.startswith("pkg-2.0") for name in doomed)
+
+
+def test_backfill_command(tmp_path: Path) -> None:
+    config = Config(storage=str(tmp_path / "data"))
+    storage = open_storage(config)
+    gpu = make_wheel(tmp_path, "pkg", f"1.0+{VARIANT.local_label}")
+    cpu = make_wheel(tmp_path, "cpu-only", f"1.0+{VARIANT.local_label}")
+    publish(storage, gpu, VARIANT, build=facts("90"), variant_form=False)
+    publish(storage, cpu, VARIANT, variant_form=False)
+    dry = run_console("variants", "backfill", "--dry-run", config=config)
+    assert dry.returncode == 0, dry.stderr
+    assert f"would make the variant form of {gpu.name}" in dry.stdout
+    first = run_console("variants", "backfill", config=config)
+    assert first.returncode == 0, first.stderr
+    assert "published pkg-1.0+pt214-py3-none-any-cu130sm90.whl" in first.stdout
+    assert f"no variant form of {cpu.name}" in first.stdout
+    again = run_console("variants", "backfill", config=config)
+    assert "1 wheels without a variant form; 0 published" in again.stdout  # the CPU-only one
+    catalog = Catalog(storage, refresh_seconds=0)
+    catalog.refresh()
+    assert catalog.variant_projects() == ["pkg"]
