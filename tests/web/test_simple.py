@@ -257,3 +257,23 @@ def test_a_project_whose_records_vanish_stays_hosted(
     assert resp.status_code == 404, resp.headers.get("Location")
     assert "cudaext was published here, but storage lists no wheel of it now." in (
         resp.get_json()["error"])
+
+
+def test_plain_root_answers_without_variant_wheels(client: FlaskClient,
+                                                   published: list[Record]) -> None:
+    """``/simple/`` lists only variant wheels (made from wheels with GPU code; these have
+    none): a hosted project is a 404 that names its roots, never upstream; others go there."""
+    assert client.get("/simple").status_code == 301
+    assert client.get("/simple/Demo_Ext/").headers["Location"].endswith("/simple/demo-ext/")
+    root = client.get("/simple/", headers={"Accept": UV_ACCEPT})
+    assert root.status_code == 200 and root.json == {"meta": {"api-version": "1.1"},
+                                                     "projects": []}
+    missing = client.get("/simple/demo-ext/")
+    assert missing.status_code == 404
+    assert "torch2.8-cu128" in missing.text and "has no variant wheel" in missing.text
+    away = client.get("/simple/requests/")
+    assert away.status_code == 302
+    assert away.headers["Location"] == "https://up.example/simple/requests/"
+    assert client.get("/files/variants/demo-ext/demo_ext-1.0-variants.json").status_code == 404
+    # The variant roots are as they were.
+    assert client.get(f"/{VARIANT}/simple/demo-ext/").status_code == 200
