@@ -164,10 +164,10 @@ def publish(
             build=build if build is not None else BuildFacts(),
         )
         published = _write(storage, record, path, metadata, timeout, by)
+        if published is record:
+            bump_generation(storage)
         if variant_form:
             publish_variant_form(storage, path, published, claim_timeout=timeout, by=by)
-    if published is record:
-        bump_generation(storage)
     return published
 
 
@@ -234,7 +234,7 @@ def publish_variant_form(storage: Storage, path: Path, source: Record, *,
             except AlreadyPublished as exc:
                 log.info("variant form of %s left out: %s", source.filename, exc)
                 return None
-    except (InvalidWheel, ValueError, OSError) as exc:
+    except (ValueError, OSError) as exc:  # InvalidWheel, StorageError (unavailable) too
         log.warning("no variant form of %s: %s", source.filename, exc)
         return None
     if published is record:
