@@ -114,11 +114,18 @@ def _store(generation: str, key: PageKey, page: Page) -> Page:
 
 @bp.get("/<variant_key>/simple/")
 def root(variant_key: str) -> BaseResponse:
+    return _root(variant_key)
+
+
+def _root(variant_key: str) -> BaseResponse:
+    """A root's project list; the plain root (:data:`PLAIN`) lists projects with variant
+    wheels."""
     fmt = negotiate()
     generation, key, page = _lookup("root", variant_key, "", fmt)
     if page is None:
-        variant = _variant(variant_key)
-        projects = services().catalog.projects(variant)
+        catalog = services().catalog
+        variant = _variant(variant_key) if variant_key != PLAIN else None
+        projects = catalog.projects(variant) if variant else catalog.variant_projects()
         if fmt == "json":
             body: str = json.dumps({"meta": {"api-version": API_VERSION},
                                     "projects": [{"name": p} for p in projects]})
@@ -251,18 +258,7 @@ class VariantsFile:
 
 @bp.get("/simple/")
 def variant_root() -> BaseResponse:
-    fmt = negotiate()
-    generation, key, page = _lookup("root", PLAIN, "", fmt)
-    if page is None:
-        projects = services().catalog.variant_projects()
-        if fmt == "json":
-            body: str = json.dumps({"meta": {"api-version": API_VERSION},
-                                    "projects": [{"name": p} for p in projects]})
-        else:
-            body = render_template("simple_root.html", variant=None, projects=projects,
-                                   api_version=API_VERSION)
-        page = _store(generation, key, _make_page(body, fmt))
-    return _respond(page)
+    return _root(PLAIN)
 
 
 @bp.get("/simple")
