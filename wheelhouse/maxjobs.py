@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from wheelhouse import layout
 from wheelhouse.buildfacts import MaxJobs
 from wheelhouse.storage import Storage
 
@@ -72,7 +73,7 @@ def choose_max_jobs(
 
 
 def stats_key(recipe: str, cuda: str) -> str:
-    return f"stats/{recipe}-cu{cuda.replace('.', '')}.json"
+    return layout.stats_key(recipe, cuda)
 
 
 def learned_per_thread(storage: Storage, recipe: str, cuda: str) -> int | None:

@@ -29,16 +29,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.catalog import (
+from wheelhouse.config import Config
+from wheelhouse.errors import AlreadyPublished, InvalidWheel, StorageError
+from wheelhouse.layout import (
     GENERATION_KEY,
     Record,
     claim_key,
-    quarantine_key,
     record_key,
     wheel_key,
 )
-from wheelhouse.config import Config
-from wheelhouse.errors import AlreadyPublished, InvalidWheel, StorageError
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
 from wheelhouse.wheels import (
@@ -176,7 +175,7 @@ def publish(
         # Before each further write: a publisher whose claim was taken over stops at its next
         # step, so the window in which it can spoil the new holder's files is one write.
         _still_ours(storage, ckey, record.sha256, name.filename)
-        storage.put_bytes(wkey + ".metadata", metadata)
+        storage.put_bytes(record.metadata_key, metadata)
         _still_ours(storage, ckey, record.sha256, name.filename)
         try:
             storage.put_bytes(rkey, record.to_json(), exclusive=True)
@@ -272,7 +271,7 @@ def _repair(storage: Storage, record: Record, path: Path, metadata: bytes) -> No
     """Publishing the bytes of a published record again finishes what the first attempt may
     have left undone: the generation marker (a full disk or a storage outage right after the
     record) and, for a quarantined record, its files."""
-    marker = quarantine_key(record.key)
+    marker = record.quarantine_key
     if not storage.exists(marker):
         if _unannounced(storage, record):
             bump_generation(storage)

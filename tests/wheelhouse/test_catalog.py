@@ -14,9 +14,10 @@ import pytest
 from packaging.utils import NormalizedName, canonicalize_name, parse_wheel_filename
 
 from tests.helpers import free_port, make_wheel
-from wheelhouse.catalog import CATCH_UP, Catalog, Record, quarantine_key, record_key
+from wheelhouse.catalog import CATCH_UP, Catalog
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
+from wheelhouse.layout import Record, quarantine_key, record_key
 from wheelhouse.publish import bump_generation, publish
 from wheelhouse.retry import RetryPolicy
 from wheelhouse.storage import (

@@ -17,7 +17,7 @@ from packaging.utils import canonicalize_name
 from tests.helpers import make_wheel
 from tests.wheelhouse.test_wheels import assert_record_matches
 from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
+from wheelhouse.catalog import Catalog
 from wheelhouse.errors import (
     AlreadyPublished,
     InvalidVariant,
@@ -25,6 +25,7 @@ from wheelhouse.errors import (
     StorageUnavailable,
     VersionMismatch,
 )
+from wheelhouse.layout import GENERATION_KEY, Record, record_key, wheel_key
 from wheelhouse.publish import Claim, publish
 from wheelhouse.storage import ByteStream, ObjectInfo, Storage, Tagged
 from wheelhouse.variants import Variant, parse_variant
