@@ -56,6 +56,17 @@ def _alive(pid: int, recorded_at: float) -> bool:
         return False
 
 
+def _signals_pending(pid: int) -> bool:
+    """Whether a signal waits to be delivered to the process (its own or its group's)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    pending = {k: int(v, 16) for k, _, v in (line.partition(":\t") for line in status.splitlines())
+               if k in ("SigPnd", "ShdPnd")}
+    return any(pending.values())
+
+
 def _survivors(pid_dir: Path) -> list[tuple[int, str]]:
     return [(pid, role) for pid, (role, at) in _recorded(pid_dir).items() if _alive(pid, at)]
 
@@ -294,8 +305,11 @@ def test_sweep_orphans_of_a_sigkilled_worker(trees: Trees) -> None:
     _wait_for(lambda: _tree_ready(orphan_pids) and _tree_ready(neighbour_pids))
     worker.kill()  # the worker dies mid-build; its build lives on
     worker.wait()
-    time.sleep(0.2)
-    assert {role for _, role in _survivors(orphan_pids)} >= TREE_ROLES
+    # Its exit has been handled whole (orphans re-parented, any death signal sent): the tree
+    # runs on with nothing on its way to end it.
+    survivors = _survivors(orphan_pids)
+    assert {role for _, role in survivors} >= TREE_ROLES
+    assert [(pid, role) for pid, role in survivors if _signals_pending(pid)] == []
 
     # Live builds are named by job, as workers advertise them: the cookie's base.
     live = [build_id_base(neighbour.build_id)]
