@@ -1,6 +1,7 @@
-"""deploy/s3/*-policy.json, the S3 users of compose's minio-init and the AWS IAM policies of the
-README, enforced by moto's S3 server with IAM authorization switched on: the web reads the index
-and nothing else; workers publish wheels, logs and build statistics and cannot delete.
+"""deploy/s3/*-policy.json, the S3 users of compose's minio-init and the AWS IAM policies of
+docs/security.md, enforced by moto's S3 server with IAM authorization switched on: the web
+reads the index and nothing else; workers publish wheels, logs and build statistics and cannot
+delete.
 
 moto checks each request's signature, action and resource against the user's policies (not
 policy conditions, which these policies don't use). It calls a HEAD on the bucket
@@ -117,8 +118,8 @@ def test_the_policies_are_aws_policies() -> None:
     assert not any("s3:PutObject" in s["Action"] for s in web["Statement"])
 
 
-def test_the_readme_gives_the_same_policies() -> None:
-    security = (ROOT / "README.md").read_text().split("\n## Security\n", 1)[1].split("\n## ")[0]
+def test_the_security_docs_give_the_same_policies() -> None:
+    security = (ROOT / "docs" / "security.md").read_text()
     shown = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", security, re.S)]
     for role in ROLES:
         assert json.loads((POLICIES / f"{role}-policy.json").read_text()) in shown, role

@@ -25,7 +25,8 @@ DEFAULT_UPSTREAM_RULES = (
 
 @dataclass(frozen=True)
 class Config:
-    """All tunables. Field docstrings are the documentation the README table mirrors."""
+    """All tunables. Field docstrings are the documentation the settings table mirrors
+    (docs/configuration.md)."""
 
     storage: str = "./wheelhouse-data"
     """Where wheels live: a directory, or ``s3://bucket/prefix``."""
@@ -231,7 +232,7 @@ def _number(kind: type[int] | type[float], raw: str, name: str) -> int | float:
 
 
 def documented_settings() -> list[tuple[str, str, str]]:
-    """(variable, default, description) for every setting, for the README and ``--help``."""
+    """(variable, default, description) for every setting, for the docs and ``--help``."""
     import ast
     import inspect
 
