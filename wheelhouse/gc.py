@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from wheelhouse.catalog import Catalog
-from wheelhouse.config import Config
+from wheelhouse.config import DEFAULT_PUBLISH_TIMEOUT
 from wheelhouse.errors import InvalidWheel
 from wheelhouse.layout import CLAIMS, LOGS, QUARANTINE, RECORDS, WHEELS, Record, record_key
 from wheelhouse.publish import bump_generation, read_claim
@@ -39,7 +39,7 @@ def plan(
     *,
     leftover_age: float = 24 * 3600,
     keep_versions: int | None = None,
-    claim_timeout: float | None = None,
+    claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     now: float | None = None,
 ) -> list[Deletion]:
     """What :func:`apply` would delete.
@@ -48,12 +48,11 @@ def plan(
       (younger ones may belong to a publication in progress);
     - interrupted writes (temporary files, unfinished multipart uploads) as old;
     - orphan claims: a claim with no record, older than the publish timeout
-      (``claim_timeout``; ``Config.publish_timeout`` when None), whose publisher died;
+      (``claim_timeout``: the operator's ``Config.publish_timeout``), whose publisher died;
     - with ``keep_versions``, every file of versions older than the newest N per variant root
       and project (record first, so the index stops listing before the files go).
     """
     now = time.time() if now is None else now
-    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     catalog = Catalog(storage, refresh_seconds=0)
     catalog.refresh()
     records = [*catalog.all_records(), *catalog.quarantined()]
@@ -67,7 +66,7 @@ def plan(
     for obj in storage.list_partials():
         if now - obj.mtime > leftover_age:
             out.append(Deletion(obj.key, obj.size, upload, partial=True))
-    out.extend(_orphan_claims(storage, {r.key for r in records}, timeout, now))
+    out.extend(_orphan_claims(storage, {r.key for r in records}, claim_timeout, now))
     if keep_versions is not None:
         # Logs and quarantine markers exist for some wheels only: list what is there.
         sometimes = {o.key: o.size for prefix in (LOGS, QUARANTINE) for o in storage.list(prefix)}

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.config import Config
+from wheelhouse.config import DEFAULT_PUBLISH_TIMEOUT
 from wheelhouse.errors import AlreadyPublished, InvalidWheel, StorageError
 from wheelhouse.layout import (
     GENERATION_KEY,
@@ -113,7 +113,7 @@ def publish(
     relabel_wheel: bool = False,
     archs: tuple[str, ...] | None = None,
     build: BuildFacts | None = None,
-    claim_timeout: float | None = None,
+    claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     by: str | None = None,
 ) -> Record:
     """Validate ``path`` for ``variant`` and publish it; return its record.
@@ -122,10 +122,9 @@ def publish(
     implies its own. Publishing the same bytes twice is a no-op (and repairs a copy that
     ``wheelhouse verify --quarantine`` took out); different bytes under a published name raise
     :class:`AlreadyPublished`, since published files are immutable. ``claim_timeout`` is the
-    publish timeout (``Config.publish_timeout`` when None); ``by`` names the publisher in its
-    claim.
+    operator's ``Config.publish_timeout`` (callers with a configuration pass it); ``by`` names
+    the publisher in its claim.
     """
-    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     name = parse_name(path.name)
     with tempfile.TemporaryDirectory(prefix="wheelhouse-publish-") as tmp:
         if relabel_wheel and (
@@ -170,7 +169,7 @@ def publish(
             raise _published(name.filename, existing)
         wkey = wheel_key(variant.base, name.project, name.filename)
         ckey = claim_key(variant.base, name.filename)
-        _claim(storage, ckey, rkey, Claim.new(record.sha256, by), timeout)
+        _claim(storage, ckey, rkey, Claim.new(record.sha256, by), claim_timeout)
         storage.put_file(wkey, path)
         # Before each further write: a publisher whose claim was taken over stops at its next
         # step, so the window in which it can spoil the new holder's files is one write.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 from rq import Queue
@@ -24,13 +22,6 @@ from wheelhouse.fleet import (
     servable_cuda,
 )
 from wheelhouse.retry import ABANDONED_JOBS
-
-
-@pytest.fixture
-def conn(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 def ad(name: str, cuda: str = "13.0", machine: str = "x86_64") -> WorkerAd:

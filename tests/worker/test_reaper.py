@@ -28,6 +28,9 @@ from worker.reaper import (
     build_id_base,
     cgroup_base,
     is_subreaper,
+    pid_alive,
+    signal_group_quietly,
+    signal_quietly,
     unique_build_id,
 )
 
@@ -362,3 +365,15 @@ def test_an_exception_during_wait_kills_the_tree(trees: Trees) -> None:
     assert build.poll() is not None
     if cgroup is not None:
         assert not cgroup.exists()
+
+
+def test_signals_to_processes_that_are_gone_are_quiet() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    assert pid_alive(child.pid)
+    assert signal_group_quietly(child.pid, signal.SIGTERM)
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    # Reaped: no such process any more (nor group), and saying so is not an error.
+    assert not pid_alive(child.pid)
+    assert not signal_quietly(child.pid, signal.SIGTERM)
+    assert not signal_group_quietly(child.pid, signal.SIGTERM)
