@@ -30,6 +30,7 @@ import requests
 from botocore.exceptions import ClientError
 
 from tests.helpers import free_port, make_wheel, run_console, start_index, wait_for_port
+from wheelhouse import layout
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageError
 from wheelhouse.storage import open_storage
@@ -187,3 +188,13 @@ def test_unknown_keys_are_refused(policed_s3: PolicedS3) -> None:
     with pytest.raises(ClientError) as err:
         stranger.list_objects_v2(Bucket=BUCKET)
     assert err.value.response["Error"]["Code"] in ("InvalidAccessKeyId", "AccessDenied", "403")
+
+
+def test_workers_may_write_everything_a_worker_writes(policed_s3: PolicedS3) -> None:
+    """Every prefix of the storage layout that a build writes, the compile cache's included
+    (which the policy once left out, so sharing it failed quietly)."""
+    worker = policed_s3.client("worker")
+    for prefix in layout.WORKER_WRITES:
+        key = f"index/{prefix}" if not prefix.endswith("/") else f"index/{prefix}probe"
+        worker.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    _denied(worker.put_object, Bucket=BUCKET, Key=f"index/{layout.QUARANTINE}probe", Body=b"x")

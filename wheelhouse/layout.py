@@ -36,6 +36,9 @@ LOGS = "logs/"
 STATS = "stats/"
 COMPILE_CACHE = "sccache/"
 METADATA_SUFFIX = ".metadata"
+#: What build workers write: their S3 policy (``deploy/s3/worker-policy.json``) must allow
+#: each, and nothing else (quarantine markers and deletions are the operator's).
+WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_CACHE)
 
 
 def _base(base: Variant | str) -> str:
