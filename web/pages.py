@@ -19,14 +19,14 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import auth
 from web.api import base_url
 from web.builds import JOB_ID, build_view, spec_of, submit
-from web.form import SUGGESTED_TORCH, parse_request, recipe_list
+from web.form import SUGGESTED_TORCH, parse_request
 from web.matrix import build_matrix
 from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import UnservableSpec
 from wheelhouse.fleet import live_workers, servable
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
-from wheelhouse.recipes import allowed_projects, suggested_projects
+from wheelhouse.recipes import allowed_projects
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("pages", __name__)
@@ -123,7 +123,7 @@ def matrix() -> str:
     project = request.args.get("project") or None
     projects = build_matrix(svc.catalog, svc.redis, project=project)
     return render_template("matrix.html", projects=projects, selected=project,
-                           recipes=recipe_list(svc.config), queue=svc.redis is not None)
+                           recipes=sorted(svc.recipes), queue=svc.redis is not None)
 
 
 # -- the request form --
@@ -139,7 +139,9 @@ def _fleet() -> tuple[set[tuple[str, str]], list[Any]]:
 def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
     svc = services()
     pairs, workers = _fleet()
-    suggestions = suggested_projects(svc.config)  # any other valid name may be typed
+    # The allowlist where there is one, else the projects with a recipe of their own; any
+    # other valid name may be typed.
+    suggestions: list[str] = [*sorted(allowed_projects(svc.config))] or sorted(svc.recipes)
     project = values.get("project") or (suggestions[0] if suggestions else "")
     # Versions are looked up for a name that is valid and allowed (never for arbitrary input).
     versions = (svc.versions.get(svc.router.default, project)

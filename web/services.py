@@ -19,6 +19,7 @@ from web.readiness import Probe, Readiness
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
+from wheelhouse.recipes import recipe_projects
 from wheelhouse.redisconn import queue_client
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.upstream import Router
@@ -38,6 +39,8 @@ class Services:
     storage: Storage
     catalog: Catalog
     router: Router
+    recipes: frozenset[str]
+    """Projects with a recipe of their own, read once (every 404 and /matrix asks)."""
     redis: Redis | None
     """The build queue's Redis; None in index-only mode."""
     tokens: Tokens | None
@@ -64,7 +67,8 @@ class Services:
             config=config,
             storage=store,
             catalog=catalog,
-            router=Router(config.upstream, config.upstream_rules),
+            router=Router(config.upstream, config.upstream_routes),
+            recipes=frozenset(recipe_projects(config.extra_recipe_dirs)),
             redis=redis_conn,
             tokens=Tokens(redis_conn) if redis_conn is not None else None,
             auth=AuthSettings.from_config(config),

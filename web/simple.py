@@ -26,7 +26,6 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import onmiss
 from web.caches import Page, PageKey
-from web.form import recipe_list
 from web.services import services
 from wheelhouse import variantwheels
 from wheelhouse.catalog import Record
@@ -191,7 +190,7 @@ def _hosted(project: NormalizedName) -> bool:
     """Whether ``project`` is this index's own: it has a recipe here, or was published here
     in some variant. Only projects that are not are ever routed upstream."""
     svc = services()
-    return svc.catalog.ever_published(project) or project in recipe_list(svc.config)
+    return svc.catalog.ever_published(project) or project in svc.recipes
 
 
 def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]) -> str:
@@ -208,7 +207,7 @@ def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]
         lines.append(f"  uv pip install --index-url {base_url}/{related[0].key}/simple {project}")
     if others:
         lines.append(f"Other variants with {project}: {', '.join(v.key for v in others)}.")
-    if not elsewhere and project in recipe_list(services().config):
+    if not elsewhere and project in services().recipes:
         lines.append(f"{project} has a recipe here but no wheel has been built yet.")
     elif not elsewhere:
         lines.append(f"{project} was published here, but storage lists no wheel of it now.")

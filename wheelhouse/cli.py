@@ -87,7 +87,7 @@ class _EntryPointGroup(click.Group):
 def main(ctx: click.Context) -> None:
     """wheelhouse: a self-hosted cache of prebuilt CUDA-extension wheels.
 
-    Settings come from WHEELHOUSE_* environment variables (the README lists them); a
+    Settings come from WHEELHOUSE_* environment variables (docs/configuration.md lists them); a
     command's options override them.
     """
     try:

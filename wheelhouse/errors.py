@@ -133,7 +133,7 @@ class FailureKind(StrEnum):
     retried."""
     SANDBOX_UNAVAILABLE = "sandbox-unavailable"
     """The worker could not set up the build sandbox for this build: nothing of the sdist ran
-    unsandboxed; not retried (the operator must fix the host, see the README's Security)."""
+    unsandboxed; not retried (the operator must fix the host, see docs/security.md)."""
 
     PATCH_FAILED = "patch-failed"
     """A recipe patch no longer applies to the sdist (it changed upstream): not retried."""

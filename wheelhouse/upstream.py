@@ -12,7 +12,6 @@ hashes) from it, the request form the released versions.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import urllib.error
@@ -32,6 +31,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from wheelhouse.config import Route
 from wheelhouse.errors import UpstreamUnavailable
 from wheelhouse.variants import Variant
 
@@ -45,38 +45,12 @@ _SCHEMES = ("http", "https", "file")
 _SHA256 = re.compile(r"sha256=([0-9a-f]{64})")
 
 
-@dataclass(frozen=True)
-class Route:
-    patterns: tuple[str, ...]
-    url: str
-
-    def matches(self, project: NormalizedName) -> bool:
-        return any(fnmatch.fnmatchcase(project, p) for p in self.patterns)
-
-
-def parse_rules(text: str) -> tuple[Route, ...]:
-    routes = []
-    for chunk in text.split(";"):
-        chunk = chunk.strip()
-        if not chunk:
-            continue
-        names, sep, url = chunk.partition("=")
-        if not sep or not url.strip():
-            raise ValueError(f"upstream rule {chunk!r} must look like name,name-*=URL")
-        patterns = tuple(canonicalize_name(n.strip()) if "*" not in n else n.strip().lower()
-                         for n in names.split(",") if n.strip())
-        if not patterns:
-            raise ValueError(f"upstream rule {chunk!r} names no project")
-        routes.append(Route(patterns, url.strip()))
-    return tuple(routes)
-
-
 class Router:
     """Picks the upstream simple-index page for a project in a variant, or None when off."""
 
-    def __init__(self, default: str, rules: str) -> None:
+    def __init__(self, default: str, routes: tuple[Route, ...]) -> None:
         self.default = None if default.strip().lower() in ("", "off", "none") else default.strip()
-        self.routes = parse_rules(rules) if self.default is not None else ()
+        self.routes = routes if self.default is not None else ()
 
     @property
     def enabled(self) -> bool:

@@ -43,9 +43,10 @@ import psutil
 from packaging.version import InvalidVersion, Version
 from uv import find_uv_bin
 
+from wheelhouse import layout
 from wheelhouse.buildfacts import BuildFacts, MaxJobs, Reaped
 from wheelhouse.buildspec import BuildSpec
-from wheelhouse.catalog import Record, record_key
+from wheelhouse.catalog import Record
 from wheelhouse.config import Config
 from wheelhouse.errors import (
     AlreadyPublished,
@@ -151,8 +152,7 @@ class BuildResult:
 
 def log_key(spec: BuildSpec) -> str:
     """Where the full log is stored: beside the wheel's record, under the same name."""
-    return (f"logs/{spec.variant.base.key}/{spec.project}/"
-            f"{spec.expected_wheel_name}.log")
+    return layout.log_key(spec.variant.base, spec.project, spec.expected_wheel_name)
 
 
 class Builder:
@@ -369,7 +369,8 @@ class Builder:
         exc.facts = replace(self.facts, seconds=round(time.monotonic() - started, 1))
 
     def _already_published(self) -> Record | None:
-        key = record_key(self.spec.variant.base, self.spec.project, self.spec.expected_wheel_name)
+        key = layout.record_key(self.spec.variant.base, self.spec.project,
+                                self.spec.expected_wheel_name)
 
         def look() -> Record | None:
             try:
@@ -630,7 +631,7 @@ class Builder:
                     say=self.log.write)
                 self._cache_known = known
                 self.log.write(f"compile cache: {fetched} of {len(known)} entries fetched from "
-                               f"storage ({compilecache.STORAGE_PREFIX}{space}/)")
+                               f"storage ({layout.compile_cache_prefix(space)})")
             except BuildFailed as exc:  # the cache is an optimization: build without the pull
                 self.log.write(f"compile cache not fetched from storage: {exc.reason}")
         nvcc = nvcc_version(Path(toolkit.nvcc))

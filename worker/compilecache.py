@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from wheelhouse.buildfacts import CompileCacheStats
+from wheelhouse.layout import compile_cache_prefix
 from wheelhouse.storage import Storage
 
 #: The sccache release wheelhouse pins (pyproject). See :func:`nvcc_cacheable`.
@@ -67,8 +68,6 @@ NO_WRAPPER = {"TORCH_NO_COMPILER_WRAPPER": "1"}
 #: Set in the server's environment only (never its compilers', which get the client's): the
 #: memory governor treats each child of a process group led by a process carrying it as one job.
 SERVER_MARK = "WHEELHOUSE_COMPILE_SERVER"
-#: Storage prefix of the compile cache, beside ``wheels/``, ``records/`` and ``logs/``.
-STORAGE_PREFIX = "sccache/"
 _VERSION = re.compile(r"sccache ([0-9]+)\.([0-9]+)\.([0-9]+)")
 
 
@@ -355,7 +354,7 @@ def _safe_relative(name: str) -> bool:
 
 def pull(storage: Storage, space: str, directory: Path) -> tuple[int, set[str]]:
     """Download the namespace's entries this host lacks; return (how many, every key's name)."""
-    prefix = f"{STORAGE_PREFIX}{space}/"
+    prefix = compile_cache_prefix(space)
     directory.mkdir(parents=True, exist_ok=True)
     have = _entries(directory)
     known: set[str] = set()
@@ -379,7 +378,7 @@ def push(storage: Storage, space: str, directory: Path, known: set[str]) -> set[
 
     Only regular files with one link, opened without following links, are read.
     """
-    prefix = f"{STORAGE_PREFIX}{space}/"
+    prefix = compile_cache_prefix(space)
     sent: set[str] = set()
     for name, path in sorted(_entries(directory).items()):
         if name in known:

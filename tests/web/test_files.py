@@ -13,8 +13,9 @@ from flask.testing import FlaskClient
 
 from tests.helpers import make_wheel
 from tests.web.conftest import VARIANT, Outage
-from wheelhouse.catalog import CATCH_UP, Record, wheel_key
+from wheelhouse.catalog import CATCH_UP, Record
 from wheelhouse.config import Config
+from wheelhouse.layout import wheel_key
 from wheelhouse.storage import open_storage
 from wheelhouse.variants import parse_variant
 

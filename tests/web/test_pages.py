@@ -19,7 +19,8 @@ from tests.helpers import QuietHandler, build_job, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
 from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs
 from wheelhouse.buildspec import BuildSpec
-from wheelhouse.catalog import GENERATION_KEY, Record, record_key
+from wheelhouse.catalog import Record
+from wheelhouse.layout import GENERATION_KEY, record_key
 from wheelhouse.publish import publish
 from wheelhouse.queue import append_log, enqueue_build
 from wheelhouse.variants import KNOWN_CUDA, parse_variant

@@ -245,7 +245,7 @@ def test_a_recipe_project_without_a_wheel_is_a_404_with_a_request_link(
 def test_a_project_whose_records_vanish_stays_hosted(
         app_config: Config, tmp_path: Path) -> None:
     """An emptied bucket must not turn the index into a redirect to the public upstream."""
-    from wheelhouse.catalog import RECORDS
+    from wheelhouse.layout import RECORDS
 
     app = create_app(app_config)
     client = app.test_client()

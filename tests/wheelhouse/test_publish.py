@@ -8,16 +8,17 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
 
 from tests.helpers import make_wheel
+from tests.wheelhouse.conftest import ForwardingStorage
 from tests.wheelhouse.test_wheels import assert_record_matches
 from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
+from wheelhouse.catalog import Catalog
 from wheelhouse.errors import (
     AlreadyPublished,
     InvalidVariant,
@@ -25,8 +26,9 @@ from wheelhouse.errors import (
     StorageUnavailable,
     VersionMismatch,
 )
+from wheelhouse.layout import GENERATION_KEY, Record, record_key, wheel_key
 from wheelhouse.publish import Claim, publish
-from wheelhouse.storage import ByteStream, ObjectInfo, Storage, Tagged
+from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import read_metadata, sha256_file
 
@@ -215,51 +217,15 @@ def test_record_json_round_trip() -> None:
         assert Record.from_json(raw) == record
 
 
-class _Watched(Storage):
+class _Watched(ForwardingStorage):
     """A real storage with a hook before each write, to see the order and to fail mid-way."""
 
     def __init__(self, inner: Storage, before_write: Callable[[str], None]) -> None:
-        self.inner = inner
-        self.before_write = before_write
+        super().__init__(inner)
+        self.hook = before_write
 
-    def put_file(self, key: str, path: Path) -> None:
-        self.before_write(key)
-        self.inner.put_file(key, path)
-
-    def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
-        self.before_write(key)
-        self.inner.put_bytes(key, data, exclusive=exclusive)
-
-    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
-        self.before_write(key)
-        self.inner.replace_bytes(key, data, tag=tag)
-
-    def get_bytes(self, key: str) -> bytes:
-        return self.inner.get_bytes(key)
-
-    def read_tagged(self, key: str) -> Tagged:
-        return self.inner.read_tagged(key)
-
-    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
-        return self.inner.open_range(key, start, stop)
-
-    def stat(self, key: str) -> ObjectInfo:
-        return self.inner.stat(key)
-
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str, *, tag: str | None = None) -> None:
-        self.inner.delete(key, tag=tag)
-
-    def list_partials(self) -> Iterator[ObjectInfo]:
-        return self.inner.list_partials()
-
-    def delete_partial(self, key: str) -> None:
-        self.inner.delete_partial(key)
-
-    def ping(self) -> None:
-        self.inner.ping()
+    def before_write(self, key: str) -> None:
+        self.hook(key)
 
 
 def test_record_is_written_last(storage: Storage, tmp_path: Path) -> None:

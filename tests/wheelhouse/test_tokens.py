@@ -8,7 +8,6 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -27,13 +26,6 @@ from wheelhouse.tokens import (
     revoke_token,
     verify_token,
 )
-
-
-@pytest.fixture
-def conn(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 def _forge() -> str:

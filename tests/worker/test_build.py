@@ -306,6 +306,8 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
                        toolkits=[toolkit])
 
     assert result.record.filename == CEXT.expected_wheel_name
+    # Where the worker stored the log is a key the record owns (gc prunes it with the wheel).
+    assert log_key(CEXT) == result.record.log_key == result.record.build.log_key
     sandbox = Sandbox.from_config(config)
     log = storage.get_bytes(log_key(CEXT)).decode()
     assert 900_000 < len(log) < 1_100_000
