@@ -9,6 +9,8 @@ Storage layout (every key below the storage root):
 - ``claims/<base variant>/<file>``                    who is publishing that name (see publish)
 - ``quarantine/<base variant>/<project>/<file>.json``  ``wheelhouse verify --quarantine``
   found the stored files damaged: the record is not listed until republished
+- ``yanks/<base variant>/<project>/<file>.json``       PEP 592: the record is listed as yanked,
+  with the marker's reason (``wheelhouse yank``; module ``manage``)
 - ``generation``                                       changes on every publication
 
 Each server process keeps the catalog in memory and re-reads ``generation`` at most every
@@ -23,6 +25,7 @@ refresh fails, readers keep the last good view, which :meth:`Catalog.state` then
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -49,6 +52,7 @@ RECORDS = "records/"
 WHEELS = "wheels/"
 CLAIMS = "claims/"
 QUARANTINE = "quarantine/"
+YANKS = "yanks/"
 #: Seconds between refreshes that readers' misses may ask for (:meth:`Catalog.catch_up`).
 CATCH_UP = 0.05
 
@@ -68,6 +72,20 @@ def claim_key(base: Variant, filename: str) -> str:
 def quarantine_key(rkey: str) -> str:
     """The marker that hides the record stored under ``rkey``."""
     return QUARANTINE + rkey.removeprefix(RECORDS)
+
+
+def yank_key(rkey: str) -> str:
+    """The marker that lists the record stored under ``rkey`` as yanked."""
+    return YANKS + rkey.removeprefix(RECORDS)
+
+
+def yank_reason(raw: bytes) -> bool | str:
+    """A yank marker's value for :attr:`Record.yanked`: its reason, or True without one."""
+    try:
+        reason = json.loads(raw).get("reason")
+    except (ValueError, AttributeError):
+        reason = None
+    return reason if isinstance(reason, str) and reason else True
 
 
 @dataclass(frozen=True)
@@ -172,6 +190,8 @@ class _View:
     by_base: Mapping[str, Mapping[NormalizedName, list[Record]]]
     variants: frozenset[Variant]
     by_file: Mapping[tuple[str, str], Record]
+    stamps: Mapping[str, float] = field(default_factory=dict)
+    """Each record key's stored time, as listed: a changed one is read again."""
 
     @property
     def listed(self) -> int:
@@ -179,9 +199,13 @@ class _View:
 
     @classmethod
     def build(cls, generation: str, records: dict[str, Record], unreadable: frozenset[str],
-              quarantined: frozenset[str]) -> _View:
+              quarantined: frozenset[str],
+              yanked: Mapping[str, bool | str] | None = None,
+              stamps: Mapping[str, float] | None = None) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         for key, rec in records.items():
+            if yanked and key in yanked:
+                rec = dataclasses.replace(rec, yanked=yanked[key])
             if key not in quarantined:
                 by_base.setdefault(rec.variant.base.key, {}).setdefault(rec.project,
                                                                         []).append(rec)
@@ -200,6 +224,7 @@ class _View:
                                for r in rs),
             by_file={(b, r.filename): r for b, ps in by_base.items() for rs in ps.values()
                      for r in rs},
+            stamps=stamps or {},
         )
 
 
@@ -344,11 +369,15 @@ class Catalog:
         if previous is not None and generation == previous.generation:
             return previous
         self._progress = time.monotonic()
-        keys = {o.key for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
+        stamps = {o.key: o.mtime for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
+        keys = set(stamps)
         quarantined = frozenset(RECORDS + o.key.removeprefix(QUARANTINE)
                                 for o in self.storage.list(QUARANTINE)) & keys
         known = previous.records if previous is not None else {}
-        records = {k: known[k] for k in keys if k in known}
+        # A record stored anew under a known key (deleted, then published again with other
+        # bytes) has a new time: read it again.
+        seen = previous.stamps if previous is not None else {}
+        records = {k: known[k] for k in keys if k in known and seen.get(k) == stamps[k]}
         unreadable = set(previous.unreadable & keys) if previous is not None else set()
         for key in sorted(keys - records.keys() - unreadable):
             self._progress = time.monotonic()
@@ -361,7 +390,23 @@ class Catalog:
                 # it, so it isn't re-read every refresh) rather than hide the whole catalog.
                 log.warning("skipping unreadable record %s: %s", key, exc)
                 unreadable.add(key)
-        return _View.build(generation, records, frozenset(unreadable), quarantined)
+        return _View.build(generation, records, frozenset(unreadable), quarantined,
+                           self._yanks(keys), stamps)
+
+    def _yanks(self, keys: set[str]) -> dict[str, bool | str]:
+        """Record key -> reason of every yank marker (few, small, and changed by yanking: read
+        whole on each new generation)."""
+        out: dict[str, bool | str] = {}
+        for o in self.storage.list(YANKS):
+            rkey = RECORDS + o.key.removeprefix(YANKS)
+            if rkey not in keys:
+                continue
+            self._progress = time.monotonic()
+            try:
+                out[rkey] = yank_reason(self.storage.get_bytes(o.key))
+            except FileNotFoundError:
+                continue  # unyanked since the listing
+        return out
 
     def _current(self) -> _View:
         self.maybe_refresh()

@@ -135,6 +135,12 @@ class Config:
     publish_timeout: int = 3600
     """Seconds a publication may hold its file name; an older claim with no record is taken over."""
 
+    upload_max_mib: int = 2048
+    """Largest wheel ``twine upload`` / ``uv publish`` may send, in MiB (larger: 413)."""
+
+    upload_relabel: bool = False
+    """Relabel uploaded wheels that lack the root's local version label instead of refusing them."""
+
     allowed_projects: str = ""
     """Projects builds may be requested for (comma-separated); empty: any (generic recipe)."""
 
