@@ -78,6 +78,8 @@ def error_response(status: int, message: str) -> Response:
     exception): a page that can't be rendered, whatever the reason, falls back to plain text.
     """
     try:
+        if request.blueprint == "upload":
+            return _for_uploaders(status, message)
         if _wants_json():
             resp = jsonify({"error": message, "status": status})
             resp.status_code = status
@@ -88,6 +90,15 @@ def error_response(status: int, message: str) -> Response:
     except Exception:
         log.exception("could not render the %d page; answering in plain text", status)
     return Response(message + "\n", status=status, mimetype="text/plain")
+
+
+def _for_uploaders(status: int, message: str) -> Response:
+    """Plain text, and the message as the status line's reason phrase too: twine shows only
+    the reason phrase (PyPI answers the same way), uv the body."""
+    resp = Response(message + "\n", status=status, mimetype="text/plain")
+    line = " ".join(message.split())[:400].encode("latin-1", errors="replace").decode("latin-1")
+    resp.status = f"{status} {line}"
+    return resp
 
 
 def catalog_header(catalog: Catalog) -> str | None:

@@ -171,8 +171,9 @@ def _now() -> str:
 def audit(storage: Storage, action: Action, keys: list[str], *, who: str,
           reason: str = "") -> str:
     """Write one audit entry and return its key; keys sort by time."""
-    at = _now()
-    key = f"{AUDIT}{at}-{uuid.uuid4().hex[:8]}.json"
+    now = datetime.now(UTC)
+    at = now.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    key = f"{AUDIT}{now:%Y%m%dT%H%M%S.%f}Z-{uuid.uuid4().hex[:8]}.json"
     entry = {"action": action.value, "records": keys, "by": who, "at": at, "reason": reason,
              "host": socket.gethostname()}
     storage.put_bytes(key, json.dumps(entry, sort_keys=True).encode(), exclusive=True)
