@@ -23,7 +23,7 @@ from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from web import onmiss
-from web.caches import Page, PageKey
+from web.caches import Page, PageKey, etag_matches
 from web.form import recipe_list
 from web.services import services
 from wheelhouse.catalog import Record
@@ -34,14 +34,19 @@ bp = Blueprint("simple", __name__)
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
 HTML_V1 = "application/vnd.pypi.simple.v1+html"
-_OFFERS = (JSON_V1, "application/vnd.pypi.simple.latest+json", HTML_V1,
-           "application/vnd.pypi.simple.latest+html", "text/html")
+# text/html first: a client that takes anything (``Accept: */*``, browsers, curl) gets HTML, as
+# PEP 691 advises; the PEP 691 types win whenever they are asked for by name.
+_OFFERS = ("text/html", JSON_V1, "application/vnd.pypi.simple.latest+json", HTML_V1,
+           "application/vnd.pypi.simple.latest+html")
+#: Format -> the concrete content type served: ``latest`` is answered with ``v1``.
+MIMETYPES = {"json": JSON_V1, "html-v1": HTML_V1, "html": "text/html"}
 API_VERSION = "1.1"
 MAX_PROJECT_LENGTH = 200
 
 
 def negotiate() -> str:
-    """``json`` or ``html`` from ``?format=`` or the Accept header that uv and pip send."""
+    """``json``, ``html-v1`` (PEP 691's HTML type, asked for by name) or ``html`` from
+    ``?format=`` or the Accept header that uv and pip send."""
     accept = request.headers.get("Accept", "")
     fmt_arg = request.args.get("format")
     formats = services().formats
@@ -50,11 +55,14 @@ def negotiate() -> str:
         return known
     if fmt_arg in (JSON_V1, "json"):
         fmt = "json"
-    elif fmt_arg in (HTML_V1, "text/html", "html"):
+    elif fmt_arg == HTML_V1:
+        fmt = "html-v1"
+    elif fmt_arg in ("text/html", "html"):
         fmt = "html"
     else:
         best = request.accept_mimetypes.best_match(_OFFERS, default="text/html")
-        fmt = "json" if best and best.endswith("+json") else "html"
+        fmt = ("json" if best and best.endswith("+json")
+               else "html-v1" if best and best.endswith("+html") else "html")
     formats.put(accept, fmt_arg, fmt)
     return fmt
 
@@ -73,8 +81,7 @@ def _project(name: str) -> NormalizedName:
 
 
 def _respond(page: Page) -> Response:
-    inm = request.headers.get("If-None-Match")
-    if inm is not None and (inm == page.etag or request.if_none_match.contains(page.etag[1:-1])):
+    if etag_matches(request.headers.get("If-None-Match"), page.etag):
         return Response(status=304, headers=page.headers)
     return Response(page.body, status=page.status, mimetype=page.mimetype,
                     headers=page.headers)
@@ -89,7 +96,7 @@ def _make_page(body: str | bytes, fmt: str, *, status: int = 200,
                ("Vary", "Accept")]
     if location is not None:
         headers.append(("Location", location))
-    mimetype = JSON_V1 if fmt == "json" else "text/html"
+    mimetype = MIMETYPES[fmt]
     return Page(data, etag, tuple(headers), mimetype, status)
 
 
@@ -125,17 +132,23 @@ def root(variant_key: str) -> BaseResponse:
     return _respond(page)
 
 
+def _moved(location: str) -> BaseResponse:
+    """301 to the normal URL, with the query string (``?format=``) kept."""
+    query = request.query_string.decode("latin-1")
+    return redirect(location + ("?" + query if query else ""), 301)
+
+
 @bp.get("/<variant_key>/simple")
 def root_no_slash(variant_key: str) -> BaseResponse:
     _variant(variant_key)
-    return redirect(url_for("simple.root", variant_key=variant_key), 301)
+    return _moved(url_for("simple.root", variant_key=variant_key))
 
 
 @bp.get("/<variant_key>/simple/<name>")
 def project_no_slash(variant_key: str, name: str) -> BaseResponse:
     _variant(variant_key)
     project = _project(name)
-    return redirect(url_for("simple.project", variant_key=variant_key, name=project), 301)
+    return _moved(url_for("simple.project", variant_key=variant_key, name=project))
 
 
 @bp.get("/<variant_key>/simple/<name>/")
@@ -150,7 +163,7 @@ def project(variant_key: str, name: str) -> BaseResponse:
     variant = _variant(variant_key)
     normalized = _project(name)
     if normalized != name:
-        return redirect(url_for("simple.project", variant_key=variant_key, name=normalized), 301)
+        return _moved(url_for("simple.project", variant_key=variant_key, name=normalized))
     files = svc.catalog.files(variant, normalized)
     if svc.config.build_on_miss:
         _build_on_miss(variant, normalized, files)

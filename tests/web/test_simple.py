@@ -30,8 +30,11 @@ PIP_ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.
         (UV_ACCEPT, "application/vnd.pypi.simple.v1+json"),
         (PIP_ACCEPT, "application/vnd.pypi.simple.v1+json"),
         ("text/html", "text/html"),
-        ("application/vnd.pypi.simple.v1+html", "text/html"),
-        ("*/*", "application/vnd.pypi.simple.v1+json"),
+        # The PEP 691 HTML types get that concrete type back; anything at all gets HTML.
+        ("application/vnd.pypi.simple.v1+html", "application/vnd.pypi.simple.v1+html"),
+        ("application/vnd.pypi.simple.latest+html", "application/vnd.pypi.simple.v1+html"),
+        ("application/vnd.pypi.simple.latest+json", "application/vnd.pypi.simple.v1+json"),
+        ("*/*", "text/html"),
         ("", "text/html"),
         ("image/png", "text/html"),
     ],
