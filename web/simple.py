@@ -28,6 +28,7 @@ from web.form import recipe_list
 from web.services import services
 from wheelhouse.catalog import Record
 from wheelhouse.errors import InvalidProjectName
+from wheelhouse.ownership import pinned
 from wheelhouse.variants import Variant, parse_variant
 
 bp = Blueprint("simple", __name__)
@@ -171,7 +172,7 @@ def project(variant_key: str, name: str) -> BaseResponse:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
     else:
         elsewhere = svc.catalog.variants_of(normalized)
-        if elsewhere or _hosted(normalized):
+        if _owned(normalized):
             # Never upstream: the public index would hand the installer an sdist to compile
             # (or, for a name we host, a stranger's package). Not cached: the answer names
             # this server's address, and such misses are rare.
@@ -189,11 +190,15 @@ def _build_on_miss(variant: Variant, project: NormalizedName,
     onmiss.maybe_build(svc, variant, project, files, request.headers.get("User-Agent", ""))
 
 
-def _hosted(project: NormalizedName) -> bool:
-    """Whether ``project`` is this index's own: it has a recipe here, or was published here
-    in some variant. Only projects that are not are ever routed upstream."""
+def _owned(project: NormalizedName) -> bool:
+    """Whether ``project`` is this index's own, never sent upstream from any root: it has a
+    recipe here, the operator pins it, or it was published here and its upstream did not list
+    it then (``wheelhouse.ownership``). A project published here that the upstream lists is
+    sent there from roots that don't hold it."""
     svc = services()
-    return svc.catalog.ever_published(project) or project in recipe_list(svc.config)
+    if project in recipe_list(svc.config) or pinned(svc.config, project):
+        return True
+    return svc.catalog.ever_published(project) and not svc.catalog.on_upstream(project)
 
 
 def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]) -> str:
@@ -212,6 +217,9 @@ def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]
         lines.append(f"Other variants with {project}: {', '.join(v.key for v in others)}.")
     if not elsewhere and project in recipe_list(services().config):
         lines.append(f"{project} has a recipe here but no wheel has been built yet.")
+    elif not elsewhere and pinned(services().config, project):
+        lines.append(f"{project} is private to this index (WHEELHOUSE_PRIVATE_PROJECTS) and "
+                     "nothing of it is published here.")
     elif not elsewhere:
         lines.append(f"{project} was published here, but storage lists no wheel of it now.")
     lines.append(f"This index does not send {project} to the public upstream, since it is "

@@ -11,6 +11,8 @@ Storage layout (every key below the storage root):
   found the stored files damaged: the record is not listed until republished
 - ``yanks/<base variant>/<project>/<file>.json``       PEP 592: the record is listed as yanked,
   with the marker's reason (``wheelhouse yank``; module ``manage``)
+- ``upstream/<project>``                              its upstream listed it when it was
+  published (module ``ownership``): roots without it may send installers there
 - ``generation``                                       changes on every publication
 
 Each server process keeps the catalog in memory and re-reads ``generation`` at most every
@@ -41,6 +43,7 @@ from packaging.version import Version
 
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.errors import StorageError, StorageUnavailable
+from wheelhouse.ownership import UPSTREAM
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import parse_name
@@ -192,6 +195,8 @@ class _View:
     by_file: Mapping[tuple[str, str], Record]
     stamps: Mapping[str, float] = field(default_factory=dict)
     """Each record key's stored time, as listed: a changed one is read again."""
+    on_upstream: frozenset[str] = frozenset()
+    """Projects whose upstream listed them when they were published (``ownership``)."""
 
     @property
     def listed(self) -> int:
@@ -201,7 +206,8 @@ class _View:
     def build(cls, generation: str, records: dict[str, Record], unreadable: frozenset[str],
               quarantined: frozenset[str],
               yanked: Mapping[str, bool | str] | None = None,
-              stamps: Mapping[str, float] | None = None) -> _View:
+              stamps: Mapping[str, float] | None = None,
+              on_upstream: frozenset[str] = frozenset()) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         for key, rec in records.items():
             if yanked and key in yanked:
@@ -225,6 +231,7 @@ class _View:
             by_file={(b, r.filename): r for b, ps in by_base.items() for rs in ps.values()
                      for r in rs},
             stamps=stamps or {},
+            on_upstream=on_upstream,
         )
 
 
@@ -390,8 +397,10 @@ class Catalog:
                 # it, so it isn't re-read every refresh) rather than hide the whole catalog.
                 log.warning("skipping unreadable record %s: %s", key, exc)
                 unreadable.add(key)
+        on_upstream = frozenset(o.key.removeprefix(UPSTREAM)
+                                for o in self.storage.list(UPSTREAM))
         return _View.build(generation, records, frozenset(unreadable), quarantined,
-                           self._yanks(keys), stamps)
+                           self._yanks(keys), stamps, on_upstream)
 
     def _yanks(self, keys: set[str]) -> dict[str, bool | str]:
         """Record key -> reason of every yank marker (few, small, and changed by yanking: read
@@ -443,6 +452,11 @@ class Catalog:
         """Whether this process has seen ``project`` published here, in any variant."""
         self._current()
         return project in self._ever
+
+    def on_upstream(self, project: NormalizedName) -> bool:
+        """Whether ``project``'s upstream listed it when it was published here (so roots
+        without it may send installers there)."""
+        return project in self._current().on_upstream
 
     def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
         r = self._current().by_file.get((base.key, filename))

@@ -135,6 +135,9 @@ class Config:
     publish_timeout: int = 3600
     """Seconds a publication may hold its file name; an older claim with no record is taken over."""
 
+    private_projects: str = ""
+    """Projects never sent upstream from any root (comma-separated, ``*`` globs), beside recipes."""
+
     upload_max_mib: int = 2048
     """Largest wheel ``twine upload`` / ``uv publish`` may send, in MiB (larger: 413)."""
 

@@ -20,6 +20,7 @@ from packaging.version import InvalidVersion, Version
 from wheelhouse.catalog import Record
 from wheelhouse.config import Config
 from wheelhouse.errors import InvalidUpload, InvalidWheel
+from wheelhouse.ownership import check_upstream
 from wheelhouse.publish import publish
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant
@@ -102,6 +103,7 @@ def accept(storage: Storage, config: Config, variant: Variant, fields: Mapping[s
     check_digests(fields, path)
     if name.version.local != variant.local_label and not config.upload_relabel:
         raise InvalidUpload(_label_problem(name.version, variant, path.name))
+    check_upstream(storage, config, name.project, variant)
     try:
         return publish(storage, path, variant, relabel_wheel=config.upload_relabel,
                        claim_timeout=config.publish_timeout, by=by)

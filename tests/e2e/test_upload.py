@@ -11,13 +11,22 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 import requests
 from redis import Redis
 
-from tests.helpers import IndexURL, clean_env, make_wheel, run_console, start_index
+from tests.helpers import (
+    IndexURL,
+    QuietHandler,
+    clean_env,
+    make_wheel,
+    run_console,
+    serve_http,
+    start_index,
+)
 from wheelhouse.config import Config
 from wheelhouse.manage import audit_entries
 from wheelhouse.storage import open_storage
@@ -40,8 +49,54 @@ class Server:
     """Token by role: upload, admin, build (no upload scope), other (upload to OTHER only)."""
 
 
+def _upstream_handler(wheels: list[Path]) -> type[BaseHTTPRequestHandler]:
+    by_project: dict[str, list[Path]] = {}
+    for w in wheels:
+        by_project.setdefault(w.name.split("-")[0].replace("_", "-"), []).append(w)
+
+    class Handler(QuietHandler):
+        """A PEP 691 upstream index (the public one, as far as the server knows)."""
+
+        def do_GET(self) -> None:
+            name = self.path.strip("/").removeprefix("simple/")
+            files = {w.name: w for ws in by_project.values() for w in ws}
+            if self.path.startswith("/files/") and self.path[7:] in files:
+                self.send_body(files[self.path[7:]].read_bytes(), "application/octet-stream")
+            elif name in by_project:
+                page = {"meta": {"api-version": "1.1"}, "name": name, "files": [
+                    {"filename": w.name, "url": f"/files/{w.name}",
+                     "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()}}
+                    for w in by_project[name]]}
+                self.send_body(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
+            else:
+                self.send_error(404)
+
+        def do_HEAD(self) -> None:  # uv asks before it reads a wheel's metadata by range
+            files = {w.name: w for ws in by_project.values() for w in ws}
+            wheel = files.get(self.path.removeprefix("/files/"))
+            if wheel is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(wheel.stat().st_size))
+            self.end_headers()
+
+    return Handler
+
+
 @pytest.fixture(scope="module")
-def server(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A fake upstream with pytest (9.0 needs iniconfig; 1.0 needs nothing) and iniconfig."""
+    tmp = tmp_path_factory.mktemp("public")
+    wheels = [make_wheel(tmp, "pytest", "9.0", requires=["iniconfig>=2"]),
+              make_wheel(tmp, "pytest", "1.0"), make_wheel(tmp, "iniconfig", "2.0")]
+    with serve_http(_upstream_handler(wheels)) as url:
+        yield url + "/simple/"
+
+
+@pytest.fixture(scope="module")
+def server(redis_server: str, upstream: str,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("upload")
     redis_url = f"{redis_server}/0"
     conn = Redis.from_url(redis_url)
@@ -53,7 +108,7 @@ def server(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "other": create_token(conn, "elsewhere", ["upload"], variants=[OTHER]),
     }
     config = Config(storage=str(tmp / "data"), redis_url=redis_url, catalog_refresh_seconds=0.0,
-                    upstream="off", upload_max_mib=1)
+                    upstream=upstream, upstream_rules="", upload_max_mib=1)
     with start_index(config, tmp) as url:
         yield Server(url, config, tokens)
     conn.flushdb()
@@ -167,16 +222,19 @@ def test_uploads_that_cannot_be_published_as_sent(server: Server, tmp_path: Path
     assert _files(server, "up-raw") == {}
 
 
-def _resolve(server: Server, client: str, project: str, tmp_path: Path) -> str:
+def _resolve(server: Server, client: str, project: str, tmp_path: Path,
+             root: str = VARIANT) -> str:
     """The version of ``project`` that ``client`` picks from the root, unpinned."""
-    index = f"{server.url}/{VARIANT}/simple"
+    index = f"{server.url}/{root}/simple"
     # Fresh every time: a client's cache keeps a page for its max-age (page_max_age) by design.
     env = clean_env(UV_NO_CACHE="1")
     if client == "uv":
-        out = subprocess.run(["uv", "pip", "compile", "-", "--index-url", index, "--no-header",
-                              "--python-version", "3.11", "--no-annotate"], input=project + "\n",
-                             env=env, capture_output=True, text=True, check=True).stdout
-        return out.strip().partition("==")[2]
+        done = subprocess.run(["uv", "pip", "compile", "-", "--index-url", index, "--no-header",
+                               "--python-version", "3.11", "--no-annotate"],
+                              input=project + "\n", env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        pins = dict(line.split("==") for line in done.stdout.split())
+        return pins[project]
     out = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps",
                           "--quiet", "--report", "-", "--no-cache-dir", "--index-url", index,
                           project], env=env, capture_output=True, text=True, check=True).stdout
@@ -238,3 +296,22 @@ def test_delete_asks_first_and_frees_the_name(server: Server, tmp_path: Path) ->
     assert _post(server, other).status_code == 200
     stored = requests.get(f"{server.url}/files/{VARIANT}/up-delete/{other.name}", timeout=30)
     assert stored.content == other.read_bytes()
+
+
+def test_never_shadows_what_it_owns_nor_hides_what_it_does_not(server: Server,
+                                                               tmp_path: Path) -> None:
+    """iniconfig (public upstream) uploaded into one root is still found upstream from the
+    others, so pytest resolves to its newest version there; a name the upstream does not know
+    is never sent upstream from any root."""
+    public = make_wheel(tmp_path / "a", "iniconfig", f"2.0+{LABEL}")
+    assert _post(server, public).status_code == 200
+    assert _resolve(server, "uv", "pytest", tmp_path, root=OTHER) == "9.0"
+    away = requests.get(f"{server.url}/{OTHER}/simple/iniconfig/", allow_redirects=False,
+                        timeout=30)
+    assert away.status_code == 302 and away.headers["Location"].endswith("/simple/iniconfig/")
+    private = make_wheel(tmp_path / "b", "up-private", f"1.0+{LABEL}")
+    assert _post(server, private).status_code == 200
+    kept = requests.get(f"{server.url}/{OTHER}/simple/up-private/", allow_redirects=False,
+                        timeout=30)
+    assert kept.status_code == 404 and "does not send up-private to the public upstream" \
+        in kept.text
