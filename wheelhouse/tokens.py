@@ -153,7 +153,7 @@ def _info(raw: bytes | str, d: str) -> TokenInfo | None:
     """A record as it authenticates: only with a valid name and known scopes."""
     try:
         data = json.loads(raw)
-        roots = data.get("variants") or []
+        roots = data.get("variants") or [] if isinstance(data, dict) else None
         if not isinstance(roots, list) or not all(isinstance(v, str) for v in roots):
             return None
         info = TokenInfo(name=check_name(data["name"]), scopes=check_scopes(data["scopes"]),

@@ -94,7 +94,7 @@ def test_bad_token_names_are_refused(conn: Redis, name: str) -> None:
 
 def test_unknown_scopes_are_refused(conn: Redis) -> None:
     with pytest.raises(TokenError, match="scope"):
-        create_token(conn, "x", ["admin"])
+        create_token(conn, "x", ["root"])
 
 
 def test_token_cli_prints_once_and_revokes(
