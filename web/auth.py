@@ -197,7 +197,9 @@ def require_admin(variant_key: str | None) -> TokenInfo:
 
 
 def _challenge(scheme: str) -> WWWAuthenticate:
-    return WWWAuthenticate(scheme, {"realm": "wheelhouse"})
+    # The realm as a quoted string, as RFC 9110 (11.5) has senders write it: Werkzeug's own
+    # parameters would write a bare token (realm=wheelhouse), which some clients don't take.
+    return WWWAuthenticate(scheme, token='realm="wheelhouse"')  # noqa: S106 (not a secret)
 
 
 # -- CSRF --
