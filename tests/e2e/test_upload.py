@@ -270,6 +270,7 @@ def test_installers_honour_yank_by_cli_and_api_and_unyank(server: Server, tmp_pa
                            headers=admin, timeout=30)
     assert yanked.status_code == 200 and len(yanked.json()["files"]) == 1
     assert set(_files(server, project).values()) == {False, "api"}
+    assert _resolve(server, client, project, tmp_path) == f"1.0+{LABEL}"
     whos = [e["by"] for e in audit_entries(open_storage(server.config))
             if any(project in k for k in e["records"])]  # type: ignore[attr-defined]
     assert whos[-2:] == ["token ops", "token ops"] and "(cli)" in whos[0]
