@@ -260,3 +260,15 @@ def test_a_project_whose_records_vanish_stays_hosted(
     assert resp.status_code == 404, resp.headers.get("Location")
     assert "cudaext was published here, but storage lists no wheel of it now." in (
         resp.get_json()["error"])
+
+
+def test_pinned_private_projects_are_never_sent_upstream(tmp_path: Path) -> None:
+    config = Config(storage=str(tmp_path / "data"), upstream="https://up.example/simple/",
+                    upstream_rules="", private_projects="acme-*, secret")
+    client = create_app(config).test_client()
+    for name in ("acme-kernels", "secret"):
+        resp = client.get(f"/{VARIANT}/simple/{name}/")
+        assert resp.status_code == 404 and "WHEELHOUSE_PRIVATE_PROJECTS" in resp.text
+    public = client.get(f"/{VARIANT}/simple/acme/")
+    assert public.status_code == 302
+    assert public.headers["Location"] == "https://up.example/simple/acme/"
