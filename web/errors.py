@@ -96,7 +96,8 @@ def _for_uploaders(status: int, message: str) -> Response:
     """Plain text, and the message as the status line's reason phrase too: twine shows only
     the reason phrase (PyPI answers the same way), uv the body."""
     resp = Response(message + "\n", status=status, mimetype="text/plain")
-    line = " ".join(message.split())[:400].encode("latin-1", errors="replace").decode("latin-1")
+    line = "".join(c if c.isprintable() and ord(c) < 256 else "?"
+                   for c in " ".join(message.split())[:400])
     resp.status = f"{status} {line}"
     return resp
 

@@ -221,6 +221,10 @@ def test_uploads_that_cannot_be_published_as_sent(server: Server, tmp_path: Path
     too_big = _post(server, big)
     assert too_big.status_code == 413 and "WHEELHOUSE_UPLOAD_MAX_MIB=1" in too_big.text
     assert _files(server, "up-raw") == {}
+    # The message is the reason phrase too: what can't be in a status line is replaced.
+    odd = requests.post(f"{server.url}/t%C3%B8rch%E2%9C%93%01/", data={":action": "x"},
+                        auth=("__token__", server.tokens["upload"]), timeout=30)
+    assert odd.status_code == 404 and "tørch✓" in odd.text and "t\xf8rch?" in odd.reason
 
 
 def _resolve(server: Server, client: str, project: str, tmp_path: Path,
