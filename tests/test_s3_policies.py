@@ -146,7 +146,8 @@ def test_workers_publish_and_the_web_serves(policed_s3: PolicedS3, tmp_path: Pat
 
     with start_index(config, tmp_path, extra_env=policed_s3.keys["web"]) as url:
         assert requests.get(f"{url}/readyz", timeout=10).status_code == 200
-        page = requests.get(f"{url}/torch2.8-cu128/simple/demo-ext/", timeout=10)
+        page = requests.get(f"{url}/torch2.8-cu128/simple/demo-ext/", timeout=10,
+                            headers={"Accept": "application/vnd.pypi.simple.v1+json"})
         assert page.status_code == 200, url.access_log()
         [file] = page.json()["files"]
         href, sha256 = file["url"], file["hashes"]["sha256"]

@@ -7,7 +7,7 @@ import logging
 from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
-from web import api, auth, errors, files, guard, home, ops, pages, simple
+from web import admin, api, auth, errors, files, guard, home, ops, pages, simple, upload
 from web.fastpath import CachedPages
 from web.guard import RequestGuard
 from web.services import Services
@@ -18,7 +18,7 @@ from wheelhouse.storage import Storage
 log = logging.getLogger(__name__)
 
 #: The blueprints the app serves, in registration order.
-BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, pages.bp)
+BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, pages.bp, upload.bp, admin.bp)
 
 
 class _LazySessions(SecureCookieSessionInterface):

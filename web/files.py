@@ -21,6 +21,7 @@ from werkzeug.datastructures import Range
 from werkzeug.exceptions import NotFound, RequestedRangeNotSatisfiable
 from werkzeug.wrappers import Response as BaseResponse
 
+from web.caches import etag_matches
 from web.services import services
 from wheelhouse.catalog import Record
 from wheelhouse.errors import DamagedFile, StorageError, StorageUnavailable
@@ -136,7 +137,7 @@ def _serve(key: str, sha256: str, size: int, mimetype: str, open_: Opener) -> Ba
     svc = services()
     etag = f'"{sha256}"'
     headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
-    if request.if_none_match.contains(sha256):
+    if etag_matches(request.headers.get("If-None-Match"), etag):
         return Response(status=304, headers=headers)
     if svc.config.s3_file_mode == "redirect" and mimetype == "application/octet-stream":
         url = svc.storage.presigned_url(key, svc.config.presign_seconds)

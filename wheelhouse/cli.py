@@ -109,15 +109,19 @@ def main(ctx: click.Context) -> None:
 def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: bool,
             archs: tuple[str, ...]) -> None:
     """Publish existing wheels into a variant's index."""
+    from wheelhouse.ownership import check_upstream
     from wheelhouse.publish import publish as do_publish
     from wheelhouse.storage import open_storage
     from wheelhouse.variants import normalize_arch, parse_variant
+    from wheelhouse.wheels import parse_name
 
     try:
         variant = parse_variant(variant_key)
         normalized = tuple(normalize_arch(a) for a in archs) or None
         storage = open_storage(config)
         for path in files:
+            # Remembered before the record, so every server sees it with the publication.
+            check_upstream(storage, config, parse_name(path.name).project, variant)
             rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized,
                              claim_timeout=config.publish_timeout)
             click.echo(f"published {rec.filename} to {variant.key} (sha256 {rec.sha256})")

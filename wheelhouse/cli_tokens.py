@@ -57,12 +57,21 @@ def token() -> None:
 @click.argument("name")
 @click.option("--scope", "scopes", multiple=True, type=click.Choice(SCOPES),
               help=f"What the token may do (repeatable); default: {', '.join(DEFAULT_SCOPES)}.")
+@click.option("--variant", "variants", multiple=True,
+              help="Limit uploads, yanks and deletes to this index root (repeatable), e.g. "
+                   "torch2.14-cu130; default: every root.")
 @click.option("--replace", is_flag=True, help="Revoke an existing token of this name first.")
 @pass_config
-def token_create(config: Config, name: str, scopes: tuple[str, ...], replace: bool) -> None:
-    """Create a token called NAME and print it, once: it is stored only as a hash."""
+def token_create(config: Config, name: str, scopes: tuple[str, ...], variants: tuple[str, ...],
+                 replace: bool) -> None:
+    """Create a token called NAME and print it, once: it is stored only as a hash.
+
+    Scopes: build (request and cancel builds), read (read a private index), upload (twine
+    upload, uv publish), admin (yank, unyank, delete).
+    """
     try:
-        value = create_token(_redis(config), name, scopes or DEFAULT_SCOPES, replace=replace)
+        value = create_token(_redis(config), name, scopes or DEFAULT_SCOPES, replace=replace,
+                             variants=variants)
     except WheelhouseError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(value)
@@ -91,7 +100,8 @@ def token_list(config: Config) -> None:
     conn = _redis(config)
     for info in list_tokens(conn):
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(info.created_at))
-        click.echo(f"{info.name}\t{','.join(info.scopes)}\tcreated {created} UTC")
+        roots = f"\tvariants {','.join(info.variants)}" if info.variants else ""
+        click.echo(f"{info.name}\t{','.join(info.scopes)}\tcreated {created} UTC{roots}")
     legacy = legacy_token_keys(conn)
     if legacy:
         click.echo(f"note: Redis holds {legacy} key(s) of the earlier token format "

@@ -214,6 +214,15 @@ class Config:
     publish_timeout: int = DEFAULT_PUBLISH_TIMEOUT
     """Seconds a publication may hold its file name; an older claim with no record is taken over."""
 
+    private_projects: str = ""
+    """Projects never sent upstream from any root (comma-separated, ``*`` globs), beside recipes."""
+
+    upload_max_mib: int = 2048
+    """Largest wheel ``twine upload`` / ``uv publish`` may send, in MiB (larger: 413)."""
+
+    upload_relabel: bool = False
+    """Relabel uploaded wheels that lack the root's local version label instead of refusing them."""
+
     allowed_projects: str = ""
     """Projects builds may be requested for (comma-separated); empty: any (generic recipe)."""
 

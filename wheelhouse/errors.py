@@ -37,6 +37,23 @@ class AlreadyPublished(WheelhouseError, FileExistsError):
     """A different file was already published under the same name; published files are immutable."""
 
 
+class InvalidUpload(WheelhouseError, ValueError):
+    """An upload (twine, uv publish) that can't be published as sent: not a wheel, fields that
+    disagree with the file, a digest that does not match, a wheel without the root's label."""
+
+
+class UploadTooLarge(InvalidUpload):
+    """An upload larger than ``WHEELHOUSE_UPLOAD_MAX_MIB``."""
+
+
+class InvalidTarget(WheelhouseError, ValueError):
+    """What a yank, unyank or delete names is neither ``PROJECT==VERSION`` nor a wheel's name."""
+
+
+class NothingPublished(WheelhouseError, LookupError):
+    """A yank, unyank or delete names no published file."""
+
+
 class InvalidBuildSpec(WheelhouseError, ValueError):
     """A build request that names unknown or malformed values."""
 

@@ -48,7 +48,8 @@ def plan(
       (younger ones may belong to a publication in progress);
     - interrupted writes (temporary files, unfinished multipart uploads) as old;
     - orphan claims: a claim with no record, older than the publish timeout
-      (``claim_timeout``: the operator's ``Config.publish_timeout``), whose publisher died;
+      (``claim_timeout``: the operator's ``Config.publish_timeout``), whose publisher died; at
+      once when its publisher ran on this host and no longer runs;
     - with ``keep_versions``, every file of versions older than the newest N per variant root
       and project (record first, so the index stops listing before the files go).
     """
@@ -92,9 +93,10 @@ def _orphan_claims(storage: Storage, recorded: set[str], timeout: float,
         with contextlib.suppress(FileNotFoundError):
             claim, tag = read_claim(storage, obj.key)
             age = now - claim.claimed_at
-            if age > timeout:
+            if age > timeout or claim.gone():
+                dead = ", its publisher no longer runs" if age <= timeout else ""
                 out.append(Deletion(obj.key, obj.size,
-                                    f"orphan claim ({claim.describe(now)}, no record)",
+                                    f"orphan claim ({claim.describe(now)}{dead}, no record)",
                                     tag=tag))
     return out
 

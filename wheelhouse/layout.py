@@ -7,6 +7,11 @@
 - ``claims/<base variant>/<file>``                    who is publishing that name (see publish)
 - ``quarantine/<base variant>/<project>/<file>.json``  ``wheelhouse verify --quarantine``
   found the stored files damaged: the record is not listed until republished
+- ``yanks/<base variant>/<project>/<file>.json``       PEP 592: the record is listed as yanked,
+  with the marker's reason (``wheelhouse yank``; module ``manage``)
+- ``upstream/<project>``                              its upstream listed it when it was
+  published (module ``ownership``): roots without it may send installers there
+- ``audit/<time>-<id>.json``                          who yanked, unyanked or deleted what (manage)
 - ``logs/<base variant>/<project>/<file>.log``         the full log of the build of that wheel
 - ``stats/<recipe>-cu<XYZ>.json``                      learned compile-job memory (maxjobs)
 - ``sccache/<project>/cu<XYZ>/...``                    the shared compile cache (compilecache)
@@ -32,6 +37,9 @@ WHEELS = "wheels/"
 RECORDS = "records/"
 CLAIMS = "claims/"
 QUARANTINE = "quarantine/"
+YANKS = "yanks/"
+UPSTREAM = "upstream/"
+AUDIT = "audit/"
 LOGS = "logs/"
 STATS = "stats/"
 COMPILE_CACHE = "sccache/"
@@ -71,6 +79,21 @@ def log_key(base: Variant | str, project: str, filename: str) -> str:
 def quarantine_key(rkey: str) -> str:
     """The marker that hides the record stored under ``rkey``."""
     return QUARANTINE + rkey.removeprefix(RECORDS)
+
+
+def yank_key(rkey: str) -> str:
+    """The marker that lists the record stored under ``rkey`` as yanked."""
+    return YANKS + rkey.removeprefix(RECORDS)
+
+
+def yanked_record_key(marker: str) -> str:
+    """The record a yank marker marks (:func:`yank_key` read backwards)."""
+    return RECORDS + marker.removeprefix(YANKS)
+
+
+def upstream_key(project: str) -> str:
+    """The marker that says ``project``'s upstream listed it when it was published here."""
+    return f"{UPSTREAM}{project}"
 
 
 def quarantined_record_key(marker: str) -> str:
@@ -139,11 +162,16 @@ class Record:
     def quarantine_key(self) -> str:
         return quarantine_key(self.key)
 
+    @property
+    def yank_key(self) -> str:
+        return yank_key(self.key)
+
     def keys(self) -> dict[str, str]:
         """Every key this wheel's publication owns, with what it holds; the record first
         (removing it first unlists the wheel before its files go). Only some wheels have a
-        quarantine marker or a build log."""
+        quarantine marker, a yank marker or a build log."""
         return {self.key: "record", self.quarantine_key: "quarantine marker",
+                self.yank_key: "yank marker",
                 self.metadata_key: "metadata", self.wheel_key: "wheel",
                 self.log_key: "build log", self.claim_key: "claim"}
 

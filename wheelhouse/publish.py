@@ -85,6 +85,21 @@ class Claim:
                    host=str(raw.get("host", "")), pid=int(raw.get("pid", 0)),
                    claimed_at=float(raw.get("claimed_at", mtime)), by=raw.get("by"))
 
+    def gone(self) -> bool:
+        """Whether the publisher is known to be dead: it ran on this host under a pid that
+        no longer runs. (A pid reused since looks alive: the claim then waits to expire.)"""
+        if not self.host or self.host != socket.gethostname() or self.pid <= 0:
+            return False
+        if self.pid == os.getpid():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, as another user
+        return False
+
     def describe(self, now: float) -> str:
         who = f"{self.by} " if self.by else ""
         where = f"on {self.host} (pid {self.pid}), " if self.host else ""
@@ -272,7 +287,9 @@ def _claim(storage: Storage, key: str, rkey: str, mine: Claim, timeout: float) -
         except FileNotFoundError:
             continue
         now = time.time()
-        expired = now - holder.claimed_at >= timeout
+        # A publisher that died on this host (a killed upload, a crashed CLI) is not waited
+        # for: its claim is taken over at once.
+        expired = now - holder.claimed_at >= timeout or holder.gone()
         if holder.sha256 == mine.sha256:
             if not expired:
                 return
@@ -285,10 +302,14 @@ def _claim(storage: Storage, key: str, rkey: str, mine: Claim, timeout: float) -
                 continue  # changed meanwhile: look again
         filename = key.rpartition("/")[2]
         if not expired:
+            left = timeout - (now - holder.claimed_at)
+            recover = (f"if that publisher on {holder.host} is gone, run `wheelhouse gc --apply` "
+                       "there to free the name at once, or " if holder.host
+                       and holder.host != socket.gethostname() else "")
             raise AlreadyPublished(
                 f"{filename} is being published with different contents "
-                f"(sha256 {holder.sha256[:12]}…, {holder.describe(now)}; the claim expires "
-                f"after {timeout:.0f}s); published files are immutable")
+                f"(sha256 {holder.sha256[:12]}…, {holder.describe(now)}); {recover}retry in "
+                f"{left:.0f}s, when the claim expires (WHEELHOUSE_PUBLISH_TIMEOUT)")
         existing = _read_record(storage, rkey)
         if existing is not None:
             raise _published(filename, existing)

@@ -56,7 +56,8 @@ class Router:
     def enabled(self) -> bool:
         return self.default is not None
 
-    def url_for(self, project: NormalizedName, variant: Variant) -> str | None:
+    def root_for(self, project: NormalizedName, variant: Variant) -> str | None:
+        """The upstream simple-index root that ``project`` is sent to from ``variant``'s root."""
         if self.default is None:
             return None
         root = self.default
@@ -64,7 +65,11 @@ class Router:
             if route.matches(project):
                 root = route.url.format(cu=variant.cu, cuda=variant.cuda, torch=variant.torch)
                 break
-        return f"{root.rstrip('/')}/{project}/"
+        return root
+
+    def url_for(self, project: NormalizedName, variant: Variant) -> str | None:
+        root = self.root_for(project, variant)
+        return None if root is None else f"{root.rstrip('/')}/{project}/"
 
 
 # -- the client --

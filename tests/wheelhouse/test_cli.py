@@ -29,10 +29,10 @@ from wheelhouse.variants import parse_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
-COMMANDS = ["build", "gc", "publish", "request", "serve", "token", "variants", "verify", "worker",
-            "workers"]
+COMMANDS = ["build", "delete", "gc", "publish", "request", "serve", "token", "unyank", "variants",
+            "verify", "worker", "workers", "yank"]
 #: Every command that opens storage offers --storage.
-STORAGE_COMMANDS = ["build", "gc", "publish", "serve", "verify"]
+STORAGE_COMMANDS = ["build", "delete", "gc", "publish", "serve", "unyank", "verify", "yank"]
 
 
 def _flat(text: str) -> str:
