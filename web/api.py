@@ -13,7 +13,7 @@ from web import auth
 from web.builds import JOB_ID, build_view, submit
 from web.form import parse_request
 from web.services import services
-from wheelhouse.fleet import live_workers, servable
+from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.queue import cancel_build, get_build, log_since
 from wheelhouse.recipes import allowed_projects
 
@@ -145,5 +145,8 @@ def workers() -> Response:
         item["cuda_versions"] = list(ad.cuda_versions)
         ads.append(item)
     pairs = sorted(servable(conn))
+    # Issue 21: versions a worker was told to provision and could not, with each reason.
+    unavailable = unavailable_reasons(live_workers(conn))
     return _no_store(jsonify({"workers": ads,
-                              "servable": [{"cuda": c, "machine": m} for c, m in pairs]}))
+                              "servable": [{"cuda": c, "machine": m} for c, m in pairs],
+                              "unavailable": unavailable}))

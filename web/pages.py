@@ -24,7 +24,7 @@ from web.matrix import build_matrix
 from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import UnservableSpec
-from wheelhouse.fleet import live_workers, servable
+from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
 from wheelhouse.recipes import allowed_projects, suggested_projects
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
@@ -152,7 +152,7 @@ def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, A
         "torch_versions": SUGGESTED_TORCH, "cudas": KNOWN_CUDA, "servable_cuda": servable_cuda,
         "pairs": sorted(pairs), "machines": KNOWN_MACHINES,
         "servable_machines": sorted({m for _, m in pairs}), "pythons": KNOWN_PYTHONS,
-        "archs": KNOWN_ARCHS, "workers": workers,
+        "archs": KNOWN_ARCHS, "workers": workers, "unavailable": unavailable_reasons(workers),
     }
 
 

@@ -148,6 +148,22 @@ def test_workers_lists_the_fleet(client: FlaskClient, tok: str) -> None:
     assert {"cuda": "12.8", "machine": "x86_64"} in data["servable"]
     assert {"cuda": "12.1", "machine": "x86_64"} in data["servable"]  # older minor of 12.x
     assert {"cuda": "13.0", "machine": "x86_64"} not in data["servable"]
+    assert data["unavailable"] == {}
+
+
+def test_workers_say_why_a_version_is_not_offered(client: FlaskClient, conn: Redis) -> None:
+    """Issue 21: a version a worker could not provision is not offered, and the API says why
+    (the form: ``test_pages``)."""
+    from dataclasses import replace
+
+    from wheelhouse.fleet import advertise
+
+    ad = advertise_worker(conn, name="gpu-2")
+    why = "no CUDA 13.0 release at http://mirror/ (no redistrib_13.0.0.json)"
+    advertise(conn, replace(ad, unavailable={"13.0": why}), ttl=120)
+    data = client.get("/api/workers").json
+    assert data["unavailable"] == {"13.0": [f"gpu-2: {why}"]}
+    assert [w["unavailable"] for w in data["workers"] if w["name"] == "gpu-2"] == [{"13.0": why}]
 
 
 def test_without_redis_the_api_says_so(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sig
 from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import GENERATION_KEY, Record, record_key
+from wheelhouse.fleet import advertise
 from wheelhouse.publish import publish
 from wheelhouse.queue import append_log, enqueue_build
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
@@ -230,6 +232,14 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     assert {m: o[0] for m, o in options["machine"].items()} == {"x86_64": True, "aarch64": False}
     fleet = page[page.index('id="fleet"'):]
     assert "CUDA 12.8 on x86_64" in fleet and "gpu-1" in fleet and "13.0" not in fleet
+
+    # Issue 21: a worker that could not provision 13.0 offers it not; the form says why.
+    why = "no CUDA 13.0 release at http://mirror/ (no redistrib_13.0.0.json)"
+    advertise(conn, replace(advertise_worker(conn, name="gpu-2"), unavailable={"13.0": why}),
+              ttl=120)
+    page = client.get("/request").text
+    assert _options(page)["cuda"]["13.0"] == (False, "13.0 (can't be provisioned)")
+    assert f"CUDA 13.0: gpu-2: {why}" in page[page.index('id="unavailable"'):]
 
     advertise_worker(conn, cuda="13.0", machine="aarch64", name="arm-1")
     options = _options(client.get("/request").text)
