@@ -79,7 +79,7 @@ def create_builds() -> Response:
                         "fields": req.errors, "status": 400})
         resp.status_code = 400
         return resp
-    results = submit(_conn(), svc.catalog, req.specs, rerun_failed=rerun)
+    results = submit(_conn(), svc.catalog, req.specs, rerun_failed=rerun, torch=svc.torch)
     builds = []
     for r in results:
         builds.append({
@@ -88,7 +88,8 @@ def create_builds() -> Response:
             "url": url_for("pages.build", job_id=r.job_id, _external=True),
             "api": url_for("api.build", job_id=r.job_id, _external=True),
         })
-    resp = jsonify({"builds": builds})
+    warnings = sorted({r.warning for r in results if r.warning})
+    resp = jsonify({"builds": builds, "warnings": warnings} if warnings else {"builds": builds})
     resp.status_code = 201 if any(r.created for r in results) else 200
     return _no_store(resp)
 

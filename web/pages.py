@@ -23,7 +23,7 @@ from web.form import SUGGESTED_TORCH, parse_request, recipe_list
 from web.matrix import build_matrix
 from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
-from wheelhouse.errors import UnservableSpec
+from wheelhouse.errors import TorchUnavailable, UnservableSpec
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
 from wheelhouse.recipes import allowed_projects, suggested_projects
@@ -205,11 +205,14 @@ def request_submit() -> BaseResponse | tuple[str, int]:
         assert svc.redis is not None  # require_scope checked it
         try:
             submitted = submit(svc.redis, svc.catalog, req.specs,
-                               rerun_failed=rerun)
+                               rerun_failed=rerun, torch=svc.torch)
         except UnservableSpec as exc:
             req.errors["cuda"] = str(exc)
+        except TorchUnavailable as exc:
+            req.errors["torch"] = str(exc)
     if submitted is not None:
-        if len(submitted) == 1 and submitted[0].wheel is None:
+        # A build queued unchecked (torch index unreachable) stays on this page, which says so.
+        if len(submitted) == 1 and submitted[0].wheel is None and not submitted[0].warning:
             return redirect(url_for("pages.build", job_id=submitted[0].job_id), code=303)
         status = 200
     return render_template("request.html", **_form_context(req.values, req.errors),

@@ -164,6 +164,8 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     if status >= 400:
         raise click.ClickException(f"{status}: {payload.get('error', payload)}")
     builds = payload.get("builds", [])
+    for warning in payload.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     ended = {b["id"] for b in builds if b.get("state") in _ENDED_WITHOUT_WHEEL}
     for b in builds:
         if b["id"] in ended:

@@ -78,6 +78,9 @@ class Config:
     torch_find_links: str = ""
     """Extra find-links for torch and its CUDA wheels (space-separated dirs/URLs, may use {cu})."""
 
+    torch_check: bool = True
+    """Check torch and CUDA against the torch index and find-links before a build is queued."""
+
     recipe_dirs: str = ""
     """Extra directories of recipe TOML files (``:``-separated), searched before the built-ins."""
 

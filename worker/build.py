@@ -70,7 +70,7 @@ from worker import compilecache, devicecode, loadcheck
 from worker.buildenv import compile_env, install_env, sanitized_env
 from worker.buildlog import MIB, BuildLog
 from worker.capabilities import DEFAULT_ROOTS, discover_toolkits, nvcc_version, usable_cores
-from worker.failures import Classified, classify_log, with_retries
+from worker.failures import Classified, classify_install, classify_log, with_retries
 from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess, Outcome, unique_build_id
 from worker.sandbox import (
@@ -320,6 +320,9 @@ class Builder:
                                   f"a build requirement has no wheel for this platform, and "
                                   f"workers never build one outside the sandbox: "
                                   f"{because.removeprefix('cause: ')[:300]}")
+            unsatisfiable = classify_install(text, what)
+            if unsatisfiable is not None:
+                raise unsatisfiable.error()
             raise InfrastructureError(f"{what} failed (exit {outcome.returncode}): {last[:300]}")
 
     # -- the steps --
