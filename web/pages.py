@@ -20,7 +20,7 @@ from web import auth
 from web.api import base_url
 from web.builds import JOB_ID, build_view, spec_of, submit
 from web.form import SUGGESTED_TORCH, parse_request, recipe_list
-from web.matrix import build_matrix
+from web.matrix import build_matrix, newest_per_major
 from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import TorchUnavailable, UnservableSpec
@@ -121,9 +121,14 @@ def logout() -> BaseResponse:
 def matrix() -> str:
     svc = services()
     project = request.args.get("project") or None
-    projects = build_matrix(svc.catalog, svc.redis, project=project)
+    pairs, _ = _fleet()
+    projects = build_matrix(svc.catalog, svc.redis, project=project,
+                            buildable_cuda=newest_per_major({c for c, _ in pairs}))
+    # The filter offers every project: those with a recipe and those the index hosts.
+    hosted = {str(r.project) for r in svc.catalog.all_records()}
     return render_template("matrix.html", projects=projects, selected=project,
-                           recipes=recipe_list(svc.config), queue=svc.redis is not None)
+                           recipes=sorted(set(recipe_list(svc.config)) | hosted),
+                           queue=svc.redis is not None)
 
 
 # -- the request form --
