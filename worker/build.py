@@ -419,7 +419,8 @@ class Builder:
             found = ", ".join(f"{t.cuda} ({t.home})" for t in toolkits) or "none"
             raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"no CUDA {self.spec.cuda.split('.')[0]}.x toolkit of version "
-                              f"{self.spec.cuda} or newer on this host; found: {found}")
+                              f"{self.spec.cuda} or newer on this host; found: {found} "
+                              f"(WHEELHOUSE_TOOLKIT_PROVISION={self.spec.cuda} provisions one)")
         self.log.write(f"CUDA toolkit {toolkit.release} at {toolkit.home}")
         provisioned = proof(Path(toolkit.home)) if Path(toolkit.home).is_relative_to(root) else None
         self.facts.toolkit = toolkit.release + (f" ({provisioned.get('source')})"
