@@ -104,10 +104,15 @@ def find_manifest(base_url: str, cuda: str, *, timeout: float = 30.0) -> tuple[s
     """
     base = _base(base_url)
     patches: list[tuple[int, str]] = []
-    try:
-        listing = _fetch(base, timeout).decode("utf-8", "replace")
-    except FileNotFoundError:
-        listing = ""
+    parts = urllib.parse.urlsplit(base)
+    if parts.scheme == "file":  # a directory: its names are the listing
+        folder = Path(urllib.parse.unquote(parts.path))
+        listing = " ".join(sorted(p.name for p in folder.iterdir())) if folder.is_dir() else ""
+    else:
+        try:
+            listing = _fetch(base, timeout).decode("utf-8", "replace")
+        except FileNotFoundError:
+            listing = ""
     for m in _MANIFEST_NAME.finditer(listing):
         version = m.group("v")
         if version.rsplit(".", 1)[0] == cuda:

@@ -126,6 +126,9 @@ def test_a_12_8_toolkit_from_the_mirror_is_proven_and_found(
     assert discover_toolkits({"PATH": ""}, roots=[toolkits]) == [info]
     assert provision("12.8", toolkits, sources=Sources(redist_url="http://127.0.0.1:9/")) == info
     assert [p.name for p in toolkits.iterdir()] == ["cuda-12.8"]
+    # A mirror that is a directory (file://) serves as well.
+    other = provision("12.8", tmp_path / "other", sources=Sources(redist_url=f"file://{root}"))
+    assert other.release == "V12.8.93" and proof(Path(other.home)) is not None
 
 
 @pytest.mark.parametrize(("drop", "corrupt", "message"), [
