@@ -15,7 +15,13 @@ from wheelhouse.buildspec import BuildSpec, queue_name
 from wheelhouse.catalog import Catalog, Record
 from wheelhouse.errors import InvalidBuildSpec, UnservableSpec
 from wheelhouse.fleet import explain_unservable
-from wheelhouse.queue import BuildState, BuildStatus, enqueue_build, finished_durations
+from wheelhouse.queue import (
+    BuildState,
+    BuildStatus,
+    enqueue_build,
+    finished_durations,
+    get_build,
+)
 from wheelhouse.torchindex import TorchIndex
 
 if TYPE_CHECKING:
@@ -70,7 +76,10 @@ def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
             out.append(Submitted(spec, spec.job_id, BuildState.BUILT.value, False, record.filename))
             continue
         warning = None
-        if torch is not None:
+        known = get_build(conn, spec.job_id) if torch is not None else None
+        again = known is None or (rerun_failed and known.state in (BuildState.FAILED,
+                                                                   BuildState.CANCELLED))
+        if torch is not None and again:  # only what would be queued
             # After the fleet (cheap, and it names what would serve); before anything queues.
             why = explain_unservable(conn, spec)
             if why is not None:

@@ -121,9 +121,11 @@ def logout() -> BaseResponse:
 def matrix() -> str:
     svc = services()
     project = request.args.get("project") or None
-    pairs, _ = _fleet()
+    # One read of the fleet's adverts: the CUDA lines some live worker builds.
+    workers = live_workers(svc.redis) if svc.redis is not None else []
+    fleet_cuda = {c for ad in workers for c in ad.cuda_versions}
     projects = build_matrix(svc.catalog, svc.redis, project=project,
-                            buildable_cuda=newest_per_major({c for c, _ in pairs}))
+                            buildable_cuda=newest_per_major(fleet_cuda))
     # The filter offers every project: those with a recipe and those the index hosts.
     hosted = {str(r.project) for r in svc.catalog.all_records()}
     return render_template("matrix.html", projects=projects, selected=project,

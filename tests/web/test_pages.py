@@ -172,7 +172,7 @@ def test_matrix_filters_by_project_and_reads_in_bulk(
     assert without_wheels["hgetall"] == 300  # each job read once...
     assert without_wheels["exec"] == 1  # ...in one pipeline
     scans = sum(without_wheels.values()) - 300 - 2  # the queue and registry listings
-    assert scans <= 14, without_wheels  # 12, and the fleet's adverts (a SCAN, an MGET)
+    assert scans <= 14, without_wheels  # 12, and the fleet's adverts (a SCAN and an MGET)
 
     storage = app.extensions["wheelhouse"].storage
     variants = [parse_variant(k) for k in ("torch2.8-cu128", "torch2.9-cu128", "torch2.14-cu130")]

@@ -36,8 +36,10 @@ def _state(url: str, build_id: str, token: str) -> str:
 def test_a_failed_build_says_why_exits_1_and_retries_on_request(
         redis_url: str, tmp_path: Path) -> None:
     # A worker that can take CUDA 12.8 builds; with no upstream index, each fails at its fetch.
+    # No torch index here to check against (test_torchindex does, with a fake one).
     config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "work"),
-                    redis_url=redis_url, upstream="off", worker_heartbeat_seconds=1)
+                    redis_url=redis_url, upstream="off", worker_heartbeat_seconds=1,
+                    torch_check=False)
     token = create_token(Redis.from_url(redis_url), "cli", ("build", "read"))
     cuda = {"CUDA_HOME": str(fake_cuda_toolkit(tmp_path / "cuda-12.8", "12.8"))}
     with start_index(config, tmp_path) as url, \
