@@ -4,6 +4,8 @@ followed verbatim in a fresh clone, serves and installs a wheel."""
 
 from __future__ import annotations
 
+import re
+
 import contextlib
 import os
 import shlex
@@ -72,6 +74,30 @@ def test_every_setting_is_in_the_settings_table() -> None:
     for variable, _default, doc in documented_settings():
         assert f"`{variable}`" in table, f"{variable} is missing from {CONFIGURATION.name}"
         assert doc, f"{variable} has no docstring in wheelhouse/config.py"
+
+
+#: ``WHEELHOUSE_*`` names the code uses that are not settings a user sets: markers the worker
+#: puts into its own children's environments, and a prefix in a message.
+NOT_SETTINGS = {
+    "WHEELHOUSE_BUILD_ID": "the cookie each build process carries (worker/reaper.py)",
+    "WHEELHOUSE_COMPILE_SERVER": "marks the compile cache's own server (worker/compilecache.py)",
+    "WHEELHOUSE_SDIST_MAX": "the prefix of WHEELHOUSE_SDIST_MAX_* in a docstring",
+}
+
+
+def test_every_wheelhouse_variable_the_code_reads_is_in_the_table() -> None:
+    """Issue 21: not only Config's fields: every WHEELHOUSE_ name in the source is listed
+    (the client's own variables too), or is named above as not a setting."""
+    table = CONFIGURATION.read_text().split("<!-- settings:start -->")[1].split(
+        "<!-- settings:end -->")[0]
+    used: set[str] = set()
+    for package in ("wheelhouse", "web", "worker"):
+        for path in (ROOT / package).rglob("*"):
+            if path.suffix in (".py", ".html", ".js", ".json", ".toml") and path.is_file():
+                used |= set(re.findall(r"WHEELHOUSE_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    assert "WHEELHOUSE_TOOLKIT_REDIST_URL" in used and "WHEELHOUSE_TOKEN" in used
+    missing = sorted(n for n in used - set(NOT_SETTINGS) if f"`{n}`" not in table)
+    assert missing == [], f"missing from {CONFIGURATION.name}'s settings table: {missing}"
 
 
 def test_readme_shows_the_quick_start_and_the_test_command() -> None:

@@ -22,6 +22,7 @@ from wheelhouse.errors import StorageUnavailable
 from wheelhouse.recipes import recipe_projects
 from wheelhouse.redisconn import queue_client
 from wheelhouse.storage import Storage, open_storage
+from wheelhouse.torchindex import TorchIndex
 from wheelhouse.upstream import Router
 
 if TYPE_CHECKING:
@@ -53,6 +54,8 @@ class Services:
     versions: VersionsCache
     readiness: Readiness
     """What ``/readyz`` checks: storage, the catalog's refresh and (if configured) Redis."""
+    torch: TorchIndex | None = None
+    """The torch and CUDA check before a build queues; None when ``torch_check`` is off."""
 
     @classmethod
     def create(cls, config: Config, storage: Storage | None = None) -> Services:
@@ -78,6 +81,7 @@ class Services:
             metadata=MetadataCache(),
             versions=VersionsCache(),
             readiness=_readiness(store, catalog, redis_conn),
+            torch=TorchIndex(config) if config.torch_check else None,
         )
 
     def install(self, app: Flask) -> None:

@@ -10,6 +10,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -158,6 +159,13 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     already failed is not run again unless --retry is given: its reason is printed and the
     command exits 1.
     """
+    if requirement.endswith((".tar.gz", ".zip")) and Path(requirement).is_file():
+        # Not yet: the server builds what its upstream index publishes (issue 21 asks for an
+        # upload, within a size limit; the web holds no write access to storage today).
+        raise click.ClickException(
+            f"{requirement} is a local sdist: the server builds only from its upstream index; "
+            f"build it on a GPU host with `wheelhouse build {requirement} --torch {torch} "
+            f"--cuda {cuda} ...`")
     if not api_token:
         raise click.UsageError(f"no API token: set {TOKEN_ENV} (or pass --token)")
     try:
@@ -174,6 +182,8 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     if status >= 400:
         raise click.ClickException(f"{status}: {payload.get('error', payload)}")
     builds = payload.get("builds", [])
+    for warning in payload.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     ended = {b["id"] for b in builds if b.get("state") in _ENDED_WITHOUT_WHEEL}
     for b in builds:
         if b["id"] in ended:

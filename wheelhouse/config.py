@@ -157,6 +157,9 @@ class Config:
     torch_find_links: str = ""
     """Extra find-links for torch and its CUDA wheels (space-separated dirs/URLs, may use {cu})."""
 
+    torch_check: bool = True
+    """Check torch and CUDA against the torch index and find-links before a build is queued."""
+
     recipe_dirs: str = ""
     """Extra directories of recipe TOML files (``:``-separated), searched before the built-ins."""
 
@@ -230,7 +233,13 @@ class Config:
     """Cache compiles with sccache: on disk in the workspace, shared via S3 storage's sccache/."""
 
     toolkit_wheels: bool = True
-    """Install a CUDA toolkit from NVIDIA's wheels when no host toolkit matches torch's CUDA."""
+    """Provision CUDA 13.x toolkits from NVIDIA's wheels (12.x wheels hold no nvcc)."""
+
+    toolkit_redist_url: str = "https://developer.download.nvidia.com/compute/cuda/redist/"
+    """Base URL of NVIDIA's redistributable CUDA archives (or a mirror); empty: not used."""
+
+    toolkit_provision: str = ""
+    """CUDA versions a worker provisions and proves at start (``12.8 13.0``, ``auto``)."""
 
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""

@@ -114,6 +114,16 @@ class InfrastructureError(WheelhouseError, RuntimeError):
     """A failure outside the build itself (network, index, installer): worth retrying."""
 
 
+class ToolkitUnavailable(WheelhouseError, RuntimeError):
+    """A CUDA toolkit can't be provisioned from the configured sources (no such release, a
+    component missing, a checksum that does not match, an nvcc that does not answer): another
+    attempt gives the same answer, so it is never retried."""
+
+
+class TorchUnavailable(WheelhouseError, ValueError):
+    """The torch index has no build of the requested torch version for the requested CUDA."""
+
+
 class FailureKind(StrEnum):
     """Why a build failed; decides whether it is retried and what the user is told.
 

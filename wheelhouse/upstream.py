@@ -127,7 +127,12 @@ def fetch_project(index_url: str, project: str, *, timeout: float = 60.0) -> Pro
     :class:`UpstreamUnavailable` when the index cannot be reached, answers another error, or
     sends something that is not a simple-index page.
     """
-    url = project_url(index_url, project)
+    return fetch_page(project_url(index_url, project), timeout=timeout)
+
+
+def fetch_page(url: str, *, timeout: float = 60.0) -> ProjectPage:
+    """The files the simple-index (or find-links) page at ``url`` lists; see
+    :func:`fetch_project`."""
     if urlsplit(url).scheme not in _SCHEMES:
         raise UpstreamUnavailable(f"refusing to fetch {url[:200]!r}: not an http(s) URL")
     request = urllib.request.Request(  # noqa: S310 (scheme checked above)

@@ -56,6 +56,7 @@ from wheelhouse.errors import (
     InvalidWheel,
     SandboxUnavailable,
     StorageError,
+    ToolkitUnavailable,
     WheelhouseError,
 )
 from wheelhouse.fleet import ToolkitInfo, pick_toolkit
@@ -70,7 +71,7 @@ from worker import compilecache, devicecode, loadcheck
 from worker.buildenv import compile_env, install_env, sanitized_env
 from worker.buildlog import MIB, BuildLog
 from worker.capabilities import DEFAULT_ROOTS, discover_toolkits, nvcc_version, usable_cores
-from worker.failures import Classified, classify_log, with_retries
+from worker.failures import Classified, classify_install, classify_log, with_retries
 from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess, Outcome, unique_build_id
 from worker.sandbox import (
@@ -82,7 +83,7 @@ from worker.sandbox import (
     take_wheel,
 )
 from worker.sdist import SdistLimits, download_sdist, find_sdist, unpack
-from worker.toolkit import ToolkitError, provision, provisionable_cuda, toolkit_root
+from worker.toolkit import Sources, proof, provision, toolkit_root, wanted_versions
 
 log = logging.getLogger("wheelhouse.worker")
 
@@ -319,6 +320,9 @@ class Builder:
                                   f"a build requirement has no wheel for this platform, and "
                                   f"workers never build one outside the sandbox: "
                                   f"{because.removeprefix('cause: ')[:300]}")
+            unsatisfiable = classify_install(text, what)
+            if unsatisfiable is not None:
+                raise unsatisfiable.error()
             raise InfrastructureError(f"{what} failed (exit {outcome.returncode}): {last[:300]}")
 
     # -- the steps --
@@ -401,39 +405,41 @@ class Builder:
         self.reporter.facts(self.facts)
 
     def _toolkit(self) -> ToolkitInfo:
-        """A host toolkit of torch's CUDA major.minor; else one installed from NVIDIA's wheels;
-        else a newer minor of the same major; else the combination is incompatible here."""
+        """A host toolkit of torch's CUDA major.minor; else the one this worker provisions for it
+        (``WHEELHOUSE_TOOLKIT_PROVISION``); else a newer minor of the same major; else the
+        combination is incompatible here."""
         self.reporter.phase("toolkit")
         root = toolkit_root(self.config)
         toolkits = (self.toolkits if self.toolkits is not None
                     else discover_toolkits(roots=(*DEFAULT_ROOTS, root)))
         toolkit = next((t for t in toolkits if t.cuda == self.spec.cuda), None)
-        if toolkit is None and self.config.toolkit_wheels \
-                and self.spec.cuda in provisionable_cuda():
+        if toolkit is None and self.spec.cuda in wanted_versions(self.config.toolkit_provision):
             toolkit = self._provision(root)
         toolkit = toolkit or pick_toolkit(toolkits, self.spec.cuda)
         if toolkit is None:
             found = ", ".join(f"{t.cuda} ({t.home})" for t in toolkits) or "none"
             raise BuildFailed(FailureKind.INCOMPATIBLE,
                               f"no CUDA {self.spec.cuda.split('.')[0]}.x toolkit of version "
-                              f"{self.spec.cuda} or newer on this host; found: {found}")
+                              f"{self.spec.cuda} or newer on this host; found: {found} "
+                              f"(WHEELHOUSE_TOOLKIT_PROVISION={self.spec.cuda} provisions one)")
         self.log.write(f"CUDA toolkit {toolkit.release} at {toolkit.home}")
-        provisioned = Path(toolkit.home).is_relative_to(root)
-        self.facts.toolkit = toolkit.release + (" (wheels)" if provisioned else "")
+        provisioned = proof(Path(toolkit.home)) if Path(toolkit.home).is_relative_to(root) else None
+        self.facts.toolkit = toolkit.release + (f" ({provisioned.get('source')})"
+                                                if provisioned else "")
         self.reporter.note(toolkit=self.facts.toolkit)
         return toolkit
 
     def _provision(self, root: Path) -> ToolkitInfo:
-        self.log.write(f"no CUDA {self.spec.cuda} toolkit on this host: installing nvcc, the "
-                       f"runtime headers and CCCL from NVIDIA's wheels into {root}")
-        uv = self._uv()
+        self.log.write(f"no CUDA {self.spec.cuda} toolkit on this host: provisioning one "
+                       f"into {root}")
+        sources = Sources.from_config(self.config, uv=self._uv(), env=install_env())
 
         def attempt() -> ToolkitInfo:
             try:
-                return provision(self.spec.cuda, root, uv=uv,
-                                 index_url=self.config.build_index_url, env=install_env())
-            except ToolkitError as exc:
-                raise InfrastructureError(str(exc)) from None
+                return provision(self.spec.cuda, root, sources=sources, say=self.log.write)
+            except ToolkitUnavailable as exc:
+                # The same sources give the same answer: not an infrastructure failure.
+                raise BuildFailed(FailureKind.INCOMPATIBLE, str(exc)) from None
 
         return with_retries(self.retry, f"installing the CUDA {self.spec.cuda} toolkit", attempt,
                             say=self.log.write)

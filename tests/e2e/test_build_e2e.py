@@ -117,8 +117,12 @@ def test_enqueue_build_publish_install_import(
     second = q.enqueue_build(conn, SPEC, source=str(cudaext_sdist), timeout=900)
     assert first.created and not second.created and first.job_id == second.job_id
 
-    # The worker installs toolkits from NVIDIA's wheels, so it serves CUDA 12.x without one.
-    assert "build-cu128-x86_64" in ad.queues and "12.8" in ad.provisionable
+    # Issue 21: a worker not told to provision CUDA 12.x (and with no 12.x toolkit) does not
+    # advertise it; the refusal names the setting that would.
+    assert "build-cu128-x86_64" not in ad.queues and ad.provisionable == ()
+    with pytest.raises(UnservableSpec, match=r"WHEELHOUSE_TOOLKIT_PROVISION names 12\.8"):
+        q.enqueue_build(conn, BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.8",
+                                               cuda="12.8"))
     # A spec no live worker serves gets a clear answer, not a job that waits forever (NVIDIA
     # publishes no CUDA 11 toolkit wheels).
     with pytest.raises(UnservableSpec, match=r"no live worker can build for CUDA 11\.8"):

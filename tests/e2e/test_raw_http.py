@@ -118,7 +118,7 @@ def index(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
     create_token(conn, "raw")
     conn.close()
     config = Config(storage=str(tmp / "data"), redis_url=url, upstream="off",
-                    login_rate_limit="100000/60")
+                    login_rate_limit="100000/60", torch_check=False)
     with start_index(config, tmp) as served:
         yield served
 
