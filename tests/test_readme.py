@@ -4,10 +4,9 @@ followed verbatim in a fresh clone, serves and installs a wheel."""
 
 from __future__ import annotations
 
-import re
-
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal

@@ -21,8 +21,8 @@ from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sig
 from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Record
-from wheelhouse.layout import GENERATION_KEY, record_key
 from wheelhouse.fleet import advertise
+from wheelhouse.layout import GENERATION_KEY, record_key
 from wheelhouse.publish import publish
 from wheelhouse.queue import append_log, enqueue_build
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
