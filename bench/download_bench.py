@@ -294,6 +294,37 @@ def check_once(url: str, sha256: str, follow: bool) -> None:
                          f"{digest.hexdigest()[:12]}… (expected {sha256[:12]}…)")
 
 
+def check_accel(url: str, sha256: str, size: int) -> None:
+    """Through nginx's X-Accel-Redirect: a range is nginx's to answer, with wheelhouse's ETag and
+    Cache-Control; a matching If-None-Match is wheelhouse's 304."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Range": "bytes=100-199"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        body, headers, status = resp.read(), resp.headers, resp.status
+    problems = []
+    if status != 206 or len(body) != 100:
+        problems.append(f"range: HTTP {status}, {len(body)} bytes")
+    if headers.get("Content-Range") != f"bytes 100-199/{size}":
+        problems.append(f"Content-Range {headers.get('Content-Range')!r}")
+    if headers.get("ETag") != f'"{sha256}"':
+        problems.append(f"ETag {headers.get('ETag')!r}")
+    if "immutable" not in (headers.get("Cache-Control") or ""):
+        problems.append(f"Cache-Control {headers.get('Cache-Control')!r}")
+    if "X-Accel-Redirect" in headers:
+        problems.append("X-Accel-Redirect reached the client")
+    try:
+        urllib.request.urlopen(urllib.request.Request(
+            url, headers={"If-None-Match": f'"{sha256}"'}), timeout=60)
+        problems.append("If-None-Match: not a 304")
+    except urllib.error.HTTPError as exc:
+        if exc.code != 304:
+            problems.append(f"If-None-Match: HTTP {exc.code}")
+    if problems:
+        raise SystemExit(f"{url} through nginx: " + "; ".join(problems))
+
+
 def measure(name: str, url: str, servers: Sequence[subprocess.Popen[bytes]],
             s3: subprocess.Popen[bytes] | None, clients: int, size: int, follow: bool,
             log: Any) -> Cell:
@@ -306,7 +337,7 @@ def measure(name: str, url: str, servers: Sequence[subprocess.Popen[bytes]],
     cell = Cell(name, clients, max(clients, MIN_DOWNLOADS), received, round(seconds, 2),
                 round(received / 1e6 / seconds, 1), round(cpu / gb, 3) if gb else 0.0,
                 round(s3_cpu / gb, 3) if s3_cpu is not None and gb else None, errors[:5])
-    log(f"  {name:<34} {clients:>3} clients: {cell.mb_s:>8.1f} MB/s, "
+    log(f"  {name:<46} {clients:>3} clients: {cell.mb_s:>8.1f} MB/s, "
         f"{cell.cpu_s_per_gb:.3f} CPU s/GB"
         + (f" (S3 server {cell.s3_cpu_s_per_gb:.3f})" if cell.s3_cpu_s_per_gb is not None
            else "") + (f"  ERRORS: {errors[:3]}" if errors else ""))
@@ -323,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--skip", default="", help="comma-separated rows to leave out "
-                        "(local, s3-stream, s3-redirect, accel, nginx, pypiserver)")
+                        "(local, python-copy, accel, nginx, pypiserver, s3-stream, s3-redirect)")
     args = parser.parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
     skip = set(filter(None, args.skip.split(",")))
@@ -369,6 +400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             with running("wheelhouse-local", wheelhouse_cmd(), workdir,
                          local.to_env()) as srv:
                 run_rows("wheelhouse local (sendfile)", srv.url + path, [srv.proc])
+        if "python-copy" not in skip:
+            # gunicorn's own switch: its file wrapper is then iterated, 1 MiB reads and writes
+            # in Python, which is what every download cost before the file wrapper was used.
+            with running("wheelhouse-copy", wheelhouse_cmd(), workdir,
+                         {**local.to_env(), "SENDFILE": "0"}) as srv:
+                run_rows("wheelhouse local, SENDFILE=0 (Python copies)", srv.url + path,
+                         [srv.proc])
         if "nginx" not in skip or "accel" not in skip:
             nginx_port, accel_port, upstream_port = free_port(), free_port(), free_port()
             conf = nginx_config(workdir, flat, storage, nginx_port, accel_port, upstream_port)
@@ -382,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     run_rows("nginx (sendfile)", f"{ngx.url}/files/{record.filename}",
                              [ngx.proc])
                 if "accel" not in skip:
+                    check_accel(f"http://127.0.0.1:{accel_port}{path}", record.sha256, size)
                     run_rows("wheelhouse behind nginx (X-Accel)",
                              f"http://127.0.0.1:{accel_port}{path}", [ngx.proc, upstream.proc])
         if "pypiserver" not in skip:
