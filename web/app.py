@@ -36,7 +36,9 @@ class _LazySessions(SecureCookieSessionInterface):
 
 def create_app(config: Config | None = None, *, storage: Storage | None = None) -> Flask:
     """Build the WSGI application; gunicorn runs ``web:create_app()``."""
-    svc = Services.create(config or Config.from_env(), storage)
+    config = config or Config.from_env()
+    files.check_modes(config)
+    svc = Services.create(config, storage)
     app = Flask(__name__)
     app.session_interface = _LazySessions()
     guard.configure(app)

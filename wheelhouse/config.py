@@ -118,6 +118,15 @@ class Config:
     presign_seconds: int = 300
     """Lifetime of presigned URLs when ``s3_file_mode`` is ``redirect``."""
 
+    s3_public_endpoint_url: str | None = None
+    """S3 endpoint as clients reach it, for presigned URLs (when not ``s3_endpoint_url``)."""
+
+    local_file_mode: str = "sendfile"
+    """Local files: ``sendfile`` (the index sends them) or ``x-accel-redirect``/``x-sendfile``."""
+
+    accel_redirect_prefix: str = "/_wheelhouse_storage/"
+    """nginx ``internal`` location that maps to the storage directory (``x-accel-redirect``)."""
+
     upstream: str = DEFAULT_UPSTREAM
     """Default upstream simple index for projects not hosted here, or ``off`` to answer 404."""
 

@@ -244,7 +244,8 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     # The project is typed; recipe projects are suggested.
     assert 'id="project" name="project" list="project-list" value="causal-conv1d"' in page
     assert ('<datalist id="project-list"><option value="causal-conv1d"><option value="flash-attn">'
-            '<option value="mamba-ssm"></datalist>') in page
+            '<option value="mamba-ssm"><option value="torch-cluster"><option value="torch-scatter">'
+            '<option value="torch-spline-conv"></datalist>') in page
     cuda = {v: o for v, o in options["cuda"].items() if v}
     assert set(cuda) == set(KNOWN_CUDA)
     # A 12.8 toolkit builds every CUDA 12.x up to 12.8, never 12.9 or 13.x.
