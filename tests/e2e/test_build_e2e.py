@@ -37,8 +37,10 @@ from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, UnservableSpec
 from wheelhouse.fleet import build_id_prefix, live_workers
 from wheelhouse.storage import open_storage
-from worker.build import Reporter, log_key, run_build
+from worker.build import run_build
+from worker.events import BuildEvent, LogLines, Reporter
 from worker.reaper import BUILD_ID_ENV, build_id_base, sweep_orphans
+from worker.steps.publish import log_key
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -259,8 +261,9 @@ class _StopWhenNvccRuns(Reporter):
         self.nvcc_argv: list[list[str]] = []
         self.log: list[str] = []
 
-    def lines(self, lines: list[str]) -> None:
-        self.log.extend(lines)
+    def report(self, event: BuildEvent) -> None:
+        if isinstance(event, LogLines):
+            self.log.extend(event.lines)
 
     def should_cancel(self) -> bool:
         names = []
