@@ -76,6 +76,7 @@ from worker.sandbox import (
     DiskQuota,
     Layout,
     Sandbox,
+    TreeLimits,
     python_prefix,
     startup_check,
     take_wheel,
@@ -192,12 +193,17 @@ class Builder:
         # through storage), and the nvcc it caches (None: only the host compiler).
         self._cache_known: set[str] | None = None
         self._cache_nvcc: Path | None = None
+        # The lock on the build uid this build claimed (Sandbox.claim), held to its end.
+        self._uid_lock: int | None = None
+        self._cache_lock: int | None = None
+        self._waiting_for_uid = False
 
     # -- running programs --
 
     def _run(self, argv: list[str], *, env: dict[str, str], cwd: Path, what: str,
              governor_reserve: int | None = None, shown: Sequence[str] | None = None,
              uids: frozenset[int] = frozenset(), quota: DiskQuota | None = None,
+             limits: TreeLimits | None = None,
              ) -> tuple[Outcome, MemoryGovernor | None]:
         """Run one program of the build under the reaper; raise on timeout or cancel.
 
@@ -211,7 +217,8 @@ class Builder:
         read_end, write_end = os.pipe()
         try:
             bp = BuildProcess.start(argv, build_id=self.build_id, env=env, cwd=cwd,
-                                    stdout=write_end, uids=uids)
+                                    stdout=write_end, uids=uids,
+                                    memory_max=limits.max_bytes if limits else None)
         except BaseException:
             os.close(read_end)
             raise
@@ -238,6 +245,8 @@ class Builder:
                 governor.tick()
             if quota is not None:
                 quota.check()
+            if limits is not None:
+                limits.check(bp.processes)
             self.log.pump()
 
         try:
@@ -296,7 +305,8 @@ class Builder:
             self.config, [p for p in layout.all_writable if p not in shared], shared=shared)
         shown = [*(["[unsandboxed]"] if self.sandbox is None else ["[sandbox]"]), *argv]
         return self._run(wrapped, env=run_env, cwd=cwd, what=what, shown=shown, uids=uids,
-                         quota=quota, governor_reserve=governor_reserve)
+                         quota=quota, governor_reserve=governor_reserve,
+                         limits=TreeLimits.from_config(self.config))
 
     def _run_checked(self, argv: list[str], *, env: dict[str, str], what: str) -> None:
         """Run an installer step in the workspace; network trouble is retried with backoff."""
@@ -362,6 +372,7 @@ class Builder:
             if not self.keep_workspace:
                 shutil.rmtree(self.workspace, ignore_errors=True)
             self._release_source()
+            self._release_uid()
 
     def _fail(self, exc: BuildFailed, started: float) -> None:
         self.log.write(f"FAILED [{exc.kind.value}]: {exc.reason}")
@@ -387,6 +398,8 @@ class Builder:
         if why is not None:
             raise SandboxUnavailable(why)
         self.sandbox = Sandbox.from_config(self.config)
+        if self.sandbox is not None:
+            self.sandbox, self._uid_lock = self.sandbox.claim(wait=self._wait_for_uid)
         if self.sandbox is None:
             self.facts.sandbox = UNSANDBOXED
             warning = ("WARNING: this build runs unsandboxed (WHEELHOUSE_BUILD_SANDBOX=off): "
@@ -398,6 +411,27 @@ class Builder:
             self.facts.sandbox = self.sandbox.describe()
             self.log.write(f"sandbox: {self.facts.sandbox}")
         self.reporter.facts(self.facts)
+
+    def _wait_for_uid(self) -> None:
+        """Every build uid of this host is taken: wait for one, as long as the build may."""
+        if not self._waiting_for_uid:
+            self._waiting_for_uid = True
+            self.log.write("waiting for a free build uid (WHEELHOUSE_BUILD_UID_RANGE): as many "
+                           "builds as it holds run on this host now")
+        if self.reporter.should_cancel():
+            raise BuildFailed(FailureKind.CANCELLED, "cancelled while waiting for a build uid")
+        if time.monotonic() > self.deadline:
+            raise BuildFailed(FailureKind.TIMEOUT, "the build ran past its deadline waiting for "
+                              "a free build uid")
+        time.sleep(1.0)
+
+    def _release_uid(self) -> None:
+        """Hand the build's uid (and the project's cache) back; only once none of its
+        processes lives."""
+        for fd in (self._cache_lock, self._uid_lock):
+            if fd is not None:
+                os.close(fd)
+        self._cache_lock = self._uid_lock = None
 
     def _toolkit(self) -> ToolkitInfo:
         """A host toolkit of torch's CUDA major.minor; else one installed from NVIDIA's wheels;
@@ -613,19 +647,31 @@ class Builder:
         if sccache is None or version is None:
             self.log.write("compile cache off: sccache is not installed on the worker")
             return None
-        # The build (and its sandbox) sees the build venv, not the worker's: sccache goes there,
-        # as a copy: a hard link would share the worker's own binary with the build.
-        inside = python.parent / "sccache"
-        shutil.copy2(sccache, inside)
         space = compilecache.namespace(self.spec.project, self.spec.cuda)
+        limit = int(self.config.compile_cache_max_gib * GIB)
+        backend = compilecache.DiskBackend(Path(self.config.workspace).resolve() / "sccache",
+                                           size=f"{max(1, limit // (1024 ** 2))}M")
+        if not self._lock_cache(backend.path(space)):
+            self.log.write(f"compile cache off: another build on this host uses {space}'s "
+                           "cache now (one build at a time writes a project's cache)")
+            return None
+        # The build's tools directory (launchers, sccache), which the sandbox mounts read-only:
+        # sccache is a copy there, as a hard link would share the worker's own binary.
+        tools = self.workspace / "sccache-tools"
+        tools.mkdir(exist_ok=True)
+        inside = tools / "sccache"
+        shutil.copy2(sccache, inside)
         cache = compilecache.CompileCache(
-            inside, compilecache.DiskBackend(Path(self.config.workspace).resolve() / "sccache"),
-            space, self.workspace / "sccache", basedirs=[self.workspace, self.source_root])
+            inside, backend, space, self.workspace / "sccache",
+            basedirs=[self.workspace, self.source_root], tools_dir=tools)
+        owner = ((self.sandbox.uid, self.sandbox.gid)
+                 if self.sandbox is not None and self.sandbox.as_root else None)
         if not isinstance(self.storage, LocalStorage):
             try:
                 fetched, known = with_retries(
                     self.retry, "fetching the compile cache",
-                    lambda: compilecache.pull(self.storage, space, cache.directory),
+                    lambda: compilecache.pull(self.storage, space, cache.directory, owner=owner,
+                                              max_bytes=limit),
                     say=self.log.write)
                 self._cache_known = known
                 self.log.write(f"compile cache: {fetched} of {len(known)} entries fetched from "
@@ -651,15 +697,39 @@ class Builder:
         if self._cache_known is None:
             return
         known = self._cache_known
+        limit = int(self.config.compile_cache_max_gib * GIB)
+
+        def share() -> tuple[set[str], int]:
+            sent = compilecache.push(self.storage, cache.space, cache.directory, known,
+                                     scratch=self.workspace / "sccache-push")
+            return sent, compilecache.evict(self.storage, cache.space, limit)
+
         try:
-            sent = with_retries(self.retry, "storing the compile cache",
-                                lambda: compilecache.push(self.storage, cache.space,
-                                                          cache.directory, known),
-                                say=self.log.write)
+            sent, evicted = with_retries(self.retry, "storing the compile cache", share,
+                                         say=self.log.write)
             known |= sent  # an out-of-memory retry pushes only what it adds
-            self.log.write(f"compile cache: {len(sent)} new entries stored")
+            self.log.write(f"compile cache: {len(sent)} new entries stored"
+                           + (f", {evicted} oldest evicted (WHEELHOUSE_COMPILE_CACHE_MAX_GIB)"
+                              if evicted else ""))
         except BuildFailed as exc:
             self.log.write(f"compile cache not stored: {exc.reason}")
+
+    def _lock_cache(self, directory: Path) -> bool:
+        """Hold this host's lock on a project's cache directory for the build, if free.
+
+        The directory is writable by the build that uses it, and builds have their own uids:
+        one build at a time (the directory is handed to its uid, see ``Sandbox.prepare``).
+        """
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory.with_name(directory.name + ".lock"),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._cache_lock = fd
+        return True
 
     def _compile(self, src: Path, venv: BuildVenv, toolkit: ToolkitInfo, jobs: MaxJobs,
                  cache: compilecache.CompileCache | None = None) -> Path:
@@ -684,12 +754,14 @@ class Builder:
             # The compile writes the source tree, dist/ and, with the compile cache, the
             # server's runtime directory and the project's cache directory (docs/compiling.md).
             writable = [self.source_root, dist]
+            read_only = [*venv.read_only, Path(toolkit.home), self.workspace / "probe-bin"]
             if cache is not None:
                 writable.append(cache.runtime_dir)
+                read_only.append(cache.tools)
             try:
                 outcome, _ = self._sandboxed(
                     argv, env=env, cwd=src, what="the compile",
-                    read_only=[*venv.read_only, Path(toolkit.home), self.workspace / "probe-bin"],
+                    read_only=read_only,
                     writable=writable, governor_reserve=reserve,
                     shared=[cache.directory] if cache is not None else [])
             finally:
