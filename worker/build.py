@@ -81,6 +81,7 @@ from worker.sandbox import (
     python_prefix,
     startup_check,
     take_wheel,
+    writable_place,
 )
 from worker.sdist import SdistLimits, download_sdist, find_sdist, unpack
 from worker.toolkit import ToolkitError, provision, provisionable_cuda, toolkit_root
@@ -291,6 +292,9 @@ class Builder:
         layout = Layout.in_workspace(self.workspace,
                                      read_only=[p for p in read_only if p is not None],
                                      writable=[*writable, *shared])
+        for path in layout.all_writable:
+            writable_place(path, build=self.workspace, source=self.source_root,
+                           cache=Path(self.config.workspace).resolve() / "sccache")
         uids: frozenset[int] = frozenset()
         if self.sandbox is None:
             for path in layout.all_writable:
@@ -371,7 +375,7 @@ class Builder:
             raise
         finally:
             if not self.keep_workspace:
-                shutil.rmtree(self.workspace, ignore_errors=True)
+                _remove(self.workspace)
             self._release_source()
             self._release_uid()
 
@@ -497,7 +501,7 @@ class Builder:
             self.facts.sdist_sha256 = link.sha256
         self.facts.sdist = sdist.name
         self._lock_source()
-        shutil.rmtree(self.source_root, ignore_errors=True)  # a crashed build's leftovers
+        _remove(self.source_root)  # a crashed build's leftovers
         src = unpack(sdist, self.source_root, limits=limits)
         self._patch(src)
         return src
@@ -538,7 +542,7 @@ class Builder:
         if self._source_lock is None:
             return
         if not self.keep_workspace:
-            shutil.rmtree(self.source_root, ignore_errors=True)
+            _remove(self.source_root)
         os.close(self._source_lock)  # closing the descriptor releases the lock
         self._source_lock = None
 
@@ -700,20 +704,25 @@ class Builder:
         known = self._cache_known
         limit = int(self.config.compile_cache_max_gib * GIB)
 
-        def share() -> tuple[set[str], int]:
-            sent = compilecache.push(self.storage, cache.space, cache.directory, known,
-                                     scratch=self.workspace / "sccache-push")
-            return sent, compilecache.evict(self.storage, cache.space, limit)
-
         try:
-            sent, evicted = with_retries(self.retry, "storing the compile cache", share,
-                                         say=self.log.write)
+            sent = with_retries(self.retry, "storing the compile cache",
+                                lambda: compilecache.push(self.storage, cache.space,
+                                                          cache.directory, known,
+                                                          scratch=self.workspace / "sccache-push"),
+                                say=self.log.write)
             known |= sent  # an out-of-memory retry pushes only what it adds
-            self.log.write(f"compile cache: {len(sent)} new entries stored"
-                           + (f", {evicted} oldest evicted (WHEELHOUSE_COMPILE_CACHE_MAX_GIB)"
-                              if evicted else ""))
+            self.log.write(f"compile cache: {len(sent)} new entries stored")
         except BuildFailed as exc:
             self.log.write(f"compile cache not stored: {exc.reason}")
+            return
+        try:
+            evicted = compilecache.evict(self.storage, cache.space, limit)
+        except (OSError, WheelhouseError) as exc:  # e.g. worker credentials that can't delete
+            self.log.write(f"compile cache not evicted in storage: {exc}")
+            return
+        if evicted:
+            self.log.write(f"compile cache: {evicted} oldest entries evicted from storage "
+                           "(WHEELHOUSE_COMPILE_CACHE_MAX_GIB)")
 
     def _lock_cache(self, directory: Path) -> bool:
         """Hold this host's lock on a project's cache directory for the build, if free.
@@ -742,7 +751,7 @@ class Builder:
             self.facts.max_jobs = jobs
             env = compile_env(self.workspace, venv.python, toolkit, jobs, self.recipe,
                               self.spec.variant)
-            shutil.rmtree(dist, ignore_errors=True)
+            _remove(dist)  # an earlier attempt's, by descriptor
             argv = [str(venv.python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
                     "--no-index", "-v", "-w", str(dist), str(src)]
             if cache is not None:
@@ -924,6 +933,14 @@ class Builder:
 
 
 MAX_PYPROJECT_BYTES = 1024 * 1024
+
+
+def _remove(path: Path) -> None:
+    """Remove a tree a build wrote, never following its links (see :mod:`worker.safefs`)."""
+    try:
+        safefs.remove_tree(path)
+    except (OSError, UnsafePath) as exc:
+        log.warning("could not remove %s: %s", path, exc)
 
 
 def _pyproject_requires(src: Path) -> list[str]:

@@ -97,6 +97,36 @@ class Layout:
         return (self.home, self.tmp, *self.writable)
 
 
+#: Every directory a build can write, named relative to the places it lies in (``{build}``: the
+#: build's workspace, ``{source}``: its project version's source path, ``{cache}``: the compile
+#: cache's root), and all the worker does there once the build's processes are dead. A step
+#: that gives a build anything else writable is refused (:func:`writable_place`); the table in
+#: docs/security.md lists these, and a test keeps the two equal.
+BUILD_WRITABLE: dict[str, str] = {
+    "{build}/home": "nothing; removed with the workspace, by descriptor",
+    "{build}/tmp": "nothing; removed with the workspace, by descriptor",
+    "{build}/dist": "take_wheel: one regular file copied out by descriptor, size-capped",
+    "{build}/sccache": "read_stats: stats.json read by descriptor, size-capped, never blocking",
+    "{build}/load-check": "nothing; removed with the workspace, by descriptor",
+    "{source}": "nothing; removed by descriptor when the build ends",
+    "{cache}/<project>/cu<cuda>": "pull creates fresh entries, push copies entries out, both "
+                                  "by descriptor and of sccache's layout only",
+}
+
+
+def writable_place(path: Path, *, build: Path, source: Path, cache: Path) -> str:
+    """The :data:`BUILD_WRITABLE` name of ``path``; :class:`SandboxUnavailable` for a path
+    that is not one of them (a step that would hand the build a place nobody checked)."""
+    if path == source:
+        return "{source}"
+    if path.parent == build and f"{{build}}/{path.name}" in BUILD_WRITABLE:
+        return f"{{build}}/{path.name}"
+    if path.parent.parent == cache and path.name.startswith("cu"):
+        return "{cache}/<project>/cu<cuda>"
+    raise SandboxUnavailable(f"{path} is not a registered build-writable place "
+                             "(worker.sandbox.BUILD_WRITABLE)")
+
+
 def python_prefix(python: Path) -> Path | None:
     """The installation a venv's interpreter belongs to (``pyvenv.cfg``'s ``home``, one up).
 
