@@ -312,12 +312,14 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
     # Besides the workspace, what a build leaves on the host by design: the worker's lock on
     # the project version's source path (empty), and the compile cache's entries in this
     # project's own namespace, where the sandbox let the build's sccache server write.
+    # and the worker's own directory (the seccomp filter, the locks of the build uids).
     lock = str(work / "src" / "hostile-0.1.0.lock")
     own_cache = f"{work / 'sccache' / 'hostile'}/"
     assert after.pop(lock, (0, 0))[0] == 0
-    after = {path: st for path, st in after.items() if not path.startswith(own_cache)}
+    after = {path: st for path, st in after.items()
+             if not path.startswith((own_cache, f"{work / '.sandbox'}/"))}
     assert after == before, set(after.items()) ^ set(before.items())
-    assert {p.name for p in work.iterdir()} <= {"notes.txt", "src", "sccache"}
+    assert {p.name for p in work.iterdir()} <= {"notes.txt", "src", "sccache", ".sandbox"}
     assert [p.name for p in (work / "sccache").iterdir()] in ([], ["hostile"])
 
     # The build page and the record say how it was sandboxed.

@@ -264,8 +264,9 @@ def test_timeout_kills_the_build_and_stores_the_log(tmp_path: Path, cudaext_sdis
         except psutil.Error:
             continue
     assert survivors == []
-    # The workspace is removed, and the unpacked source; only the source path's lock stays.
-    assert [p.name for p in (tmp_path / "work").iterdir()] == ["src"]
+    # The workspace is removed, and the unpacked source; only the source path's lock stays,
+    # and the worker's own directory (the seccomp filter, the build uids' locks).
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == [".sandbox", "src"]
     assert [p.name for p in (tmp_path / "work" / "src").iterdir()] == ["cudaext-0.1.0.lock"]
 
 
@@ -329,8 +330,8 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
     install = next(line for line in ran if "--prefix" in line)
     assert "/venv/bin/python" not in install
     # The build's workspace and its source are gone; the host's compile cache and the source
-    # path's lock stay.
-    assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache"}
+    # path's lock stay, and the worker's own directory (seccomp filter, build uids' locks).
+    assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache", ".sandbox"}
     assert [p.name for p in (tmp_path / "work" / "src").iterdir()] == ["cext-0.1.0.lock"]
 
 
