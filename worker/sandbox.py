@@ -671,6 +671,9 @@ class TreeLimits:
                               f"of {self.max_processes} (WHEELHOUSE_BUILD_MAX_PROCESSES)")
         if held > self.max_bytes:
             raise BuildFailed(FailureKind.TOO_LARGE,
-                              f"the build's processes held {held / GIB:.1f} GiB of memory, over "
-                              f"the {self.max_bytes / GIB:.1f} GiB cap "
-                              "(WHEELHOUSE_BUILD_MEMORY_LIMIT_GIB)")
+                              f"the build's processes held {_size(held)} of memory, over the "
+                              f"{_size(self.max_bytes)} cap (WHEELHOUSE_BUILD_MEMORY_LIMIT_GIB)")
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n >> 20} MiB"

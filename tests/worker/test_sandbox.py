@@ -566,11 +566,11 @@ HOG = "import time\nheld = b'x' * (160 << 20)\nprint('holding', flush=True)\ntim
 @pytest.mark.skipif(not IS_ROOT, reason="RLIMIT_NPROC of a build uid needs a root worker")
 @pytest.mark.parametrize(("what", "code", "limits", "said"), [
     ("processes", FORK_BOMB, {"max_processes": 48, "max_bytes": 64 * GIB}, "processes"),
-    ("memory", HOG, {"max_processes": 0, "max_bytes": 100 * MiB}, "GiB of memory"),
+    ("memory", HOG, {"max_processes": 0, "max_bytes": 100 * MiB}, "of memory, over the 100 MiB"),
 ], ids=["processes", "memory"])
 def test_a_build_past_its_process_or_memory_cap_ends_classified(
     workspace: Workspace, sandbox: Sandbox, what: str, code: str, limits: dict[str, int],
-    said: str,
+    said: str, artifacts_dir: Path,
 ) -> None:
     from dataclasses import replace
 
@@ -579,12 +579,18 @@ def test_a_build_past_its_process_or_memory_cap_ends_classified(
     capped = replace(sandbox, max_processes=limits["max_processes"] or sandbox.max_processes)
     tree = TreeLimits(max_processes=limits["max_processes"], max_bytes=limits["max_bytes"],
                       every=0.2)
+    started = time.monotonic()
     build = workspace.start(capped, [str(workspace.python), "-c", code])
     with pytest.raises(BuildFailed, match=said) as failed:
         build.wait(deadline=time.monotonic() + 120, on_tick=lambda: tree.check(build.processes),
                    tick=0.2, grace=0.5)
     assert failed.value.kind is FailureKind.TOO_LARGE
     assert build.processes() == []
+    # Figures for docs/security.md.
+    (artifacts_dir / "edge").mkdir(exist_ok=True)
+    (artifacts_dir / "edge" / f"cap-{what}.json").write_text(json.dumps({
+        "reason": failed.value.reason, "seconds to the end": round(time.monotonic() - started, 2),
+        "peak tasks": tree.peak_processes, "peak MiB": tree.peak_bytes >> 20}, indent=1))
     if what == "processes":
         # The kernel held it at the cap: never more of the build uid's tasks than RLIMIT_NPROC
         # allows (besides them, the tree holds bubblewrap's own two processes, root's).
