@@ -143,7 +143,8 @@ def main() -> int:
             runs.append(run_build(root, f"MAX_JOBS={k}", k, budget=budget, governed=False,
                                   low=low, high=high))
         auto = choose_max_jobs(available=budget, total=budget, cores=args.cores,
-                               per_thread_bytes=learned, reserve=0, learned=True)
+                               per_thread_bytes=learned, archs=1, reserve=0,
+                               learned=True)
         runs.append(run_build(root, f"auto MAX_JOBS={auto.jobs} + governor", auto.jobs,
                               budget=budget, governed=True, low=low, high=high))
         runs.append(run_build(root, f"MAX_JOBS={args.cores} + governor", args.cores,

@@ -154,6 +154,8 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         "reason": status.reason,
         "max_jobs": status.max_jobs,
         "max_jobs_reason": status.max_jobs_reason,
+        # What each compile job was charged for: its device targets and effective nvcc threads.
+        "max_jobs_charge": facts.max_jobs.charge_summary() if facts.max_jobs else None,
         "peak_memory_bytes": peak,
         # How the build was sandboxed; "off (unsafe)…" where the worker ran it unsandboxed.
         "sandbox": status.build.sandbox,

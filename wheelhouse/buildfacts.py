@@ -26,9 +26,27 @@ class MaxJobs:
     reserve_bytes: int
     cores: int
     learned: bool
+    targets: int | None = None
+    """Device targets each compile job was charged for (a ``-gencode`` pair each, PTX
+    included); None in records from before targets were counted."""
+    effective_threads: int | None = None
+    """The nvcc threads each job was charged for: ``min(nvcc_threads, targets)``."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What is not known (targets in a decision from before they were counted) is left out."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def charge_summary(self) -> str | None:
+        """``5.0 GiB per compile job: 1 device target on 1 nvcc thread (NVCC_THREADS=4)``;
+        None for a record that did not count targets."""
+        if self.targets is None or self.effective_threads is None:
+            return None
+        targets = f"{self.targets} device target{'s' if self.targets != 1 else ''}"
+        threads = (f"{self.effective_threads} nvcc thread"
+                   f"{'s' if self.effective_threads != 1 else ''}")
+        job = self.per_thread_bytes * self.effective_threads / 1024**3
+        return (f"{job:.1f} GiB per compile job: {targets} on {threads} "
+                f"(NVCC_THREADS={self.nvcc_threads})")
 
 
 @dataclass(frozen=True)
@@ -248,8 +266,11 @@ def _max_jobs(value: object) -> MaxJobs | None:
     if not isinstance(value, Mapping):
         return None
     known = {f.name for f in fields(MaxJobs)}
+    found = {k: v for k, v in value.items() if k in known}
+    for name in ("targets", "effective_threads"):  # added later: unknown unless a count
+        found[name] = _int(found.get(name))
     try:
-        return MaxJobs(**{k: v for k, v in value.items() if k in known})
+        return MaxJobs(**found)
     except TypeError:  # a field missing: an older decision this version can't stand behind
         return None
 

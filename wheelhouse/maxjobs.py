@@ -1,15 +1,21 @@
 """RAM-aware MAX_JOBS: as many compile jobs as fit in (available memory - reserve).
 
 flash-attn's own heuristic leaves no headroom (42 jobs on an 880 GB host, then a hard reboot).
-Here each job is charged ``per-thread memory x NVCC_THREADS``; the per-thread figure starts from
-the recipe and is then learned from the measured peaks of earlier builds of the same recipe and
-CUDA version, kept in storage under ``stats/<recipe>-cu<XYZ>.json``. The decision carries its
-reason, which goes into the build record.
+Here each job is charged ``per-thread memory x effective nvcc threads``. nvcc's ``--threads`` only
+runs the per-target steps in parallel (a target is a ``-gencode`` pair, PTX included), so a job's
+effective threads are ``min(NVCC_THREADS, device targets)``: a job compiling for one architecture
+peaks at about one thread's memory whatever ``--threads`` says (docs/maxjobs.md has the figures).
+The figure starts from the recipe and is then learned from the measured peaks of earlier builds
+of the same recipe, CUDA version and effective thread count, kept in storage under
+``stats/<recipe>-cu<XYZ>.json``. The decision carries its reason, which goes into the build
+record.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Any
 
 from wheelhouse.buildfacts import MaxJobs
 from wheelhouse.storage import Storage
@@ -21,8 +27,10 @@ SMALL_HOST_FRACTION = 0.25
 MIN_RESERVE = 1 * GIB
 #: Learned figures are the highest recent peak times this margin.
 LEARNED_MARGIN = 1.2
-#: How many recent builds the learned figure remembers.
+#: How many recent builds the learned figure remembers, per effective thread count.
 LEARNED_SAMPLES = 10
+#: The stats file's format: job peaks per effective thread count (1 had per-thread figures).
+STATS_VERSION = 2
 
 
 def reserve_bytes(total: int) -> int:
@@ -36,8 +44,17 @@ def reserve_bytes(total: int) -> int:
     return max(int(total * RESERVE_FRACTION), fixed, MIN_RESERVE)
 
 
+def effective_threads(nvcc_threads: int, archs: int) -> int:
+    """The threads one compile job really runs: nvcc gives each device target at most one."""
+    return max(1, min(nvcc_threads, archs))
+
+
 def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
 
 
 def choose_max_jobs(
@@ -46,72 +63,154 @@ def choose_max_jobs(
     total: int,
     cores: int,
     per_thread_bytes: int,
+    archs: int,
     nvcc_threads: int = 1,
     reserve: int | None = None,
     learned: bool = False,
+    source: str | None = None,
 ) -> MaxJobs:
-    """floor((available - reserve) / (per-thread x threads)), clamped to [1, cores]."""
+    """floor((available - reserve) / (per-thread x effective threads)), clamped to [1, cores].
+
+    ``archs`` is the number of device targets each compile job compiles; ``source`` says where
+    the per-thread figure came from (default: the recipe, or earlier builds when ``learned``).
+    """
     cores = max(1, cores)
     nvcc_threads = max(1, nvcc_threads)
+    archs = max(1, archs)
+    threads = effective_threads(nvcc_threads, archs)
     keep = reserve_bytes(total) if reserve is None else reserve
-    per_job = max(1, per_thread_bytes) * nvcc_threads
+    per_job = max(1, per_thread_bytes) * threads
     usable = max(0, available - keep)
     fit = usable // per_job
     jobs = int(min(max(fit, 1), cores))
-    source = "learned from earlier builds" if learned else "from the recipe"
+    source = source or ("learned from earlier builds" if learned else "from the recipe")
     why = (f"{_gib(available)} available - {_gib(keep)} reserve = {_gib(usable)}; "
-           f"each job needs {_gib(per_job)} ({_gib(per_thread_bytes)} {source} x "
-           f"{nvcc_threads} nvcc thread{'s' if nvcc_threads != 1 else ''}), so {fit} fit")
+           f"each job needs {_gib(per_job)} ({_gib(per_thread_bytes)} per thread {source} x "
+           f"{_plural(threads, 'nvcc thread')}: {_plural(archs, 'device target')}, "
+           f"NVCC_THREADS={nvcc_threads}), so {fit} fit")
     if fit < 1:
         why += "; running 1 job anyway (the memory governor pauses it if memory runs short)"
     elif fit > cores:
         why += f"; capped at {cores} cores"
     return MaxJobs(jobs=jobs, reason=f"MAX_JOBS={jobs}: {why}", per_thread_bytes=per_thread_bytes,
                    nvcc_threads=nvcc_threads, available_bytes=available, reserve_bytes=keep,
-                   cores=cores, learned=learned)
+                   cores=cores, learned=learned, targets=archs, effective_threads=threads)
 
 
 def stats_key(recipe: str, cuda: str) -> str:
     return f"stats/{recipe}-cu{cuda.replace('.', '')}.json"
 
 
-def learned_per_thread(storage: Storage, recipe: str, cuda: str) -> int | None:
-    """The learned per-thread peak for this recipe and CUDA, or None before the first build."""
+def _read_stats(storage: Storage, key: str) -> dict[str, Any]:
     try:
-        data = json.loads(storage.get_bytes(stats_key(recipe, cuda)))
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        return None  # a damaged stats file only costs us the learned figure
-    samples = [s for s in data.get("per_thread_peaks", []) if isinstance(s, int) and s > 0]
-    if not samples:
-        return None
-    return int(max(samples) * LEARNED_MARGIN)
+        data = json.loads(storage.get_bytes(key))
+    except (FileNotFoundError, ValueError):
+        return {}  # none yet, or damaged: that only costs us the learned figures
+    return data if isinstance(data, dict) else {}
+
+
+def _peaks(value: object) -> list[int]:
+    if not isinstance(value, list):
+        return []
+    return [s for s in value if isinstance(s, int) and not isinstance(s, bool) and s > 0]
+
+
+def _samples(data: dict[str, Any], nvcc_threads: int) -> dict[int, list[int]]:
+    """Job peaks by effective thread count, from a stats file of either format.
+
+    A version-1 file holds ``per_thread_peaks``: each job's peak divided by the recipe's
+    NVCC_THREADS, whatever its targets were. Read conservatively: a sample stands for the largest
+    job peak it can mean (as measured with all ``nvcc_threads`` threads), and it is filed under
+    one thread, where it is the single-target figure and, through the rule that more threads
+    never need less, a floor for every other count. Filed under ``nvcc_threads`` instead, a peak
+    measured on a single-arch build would stand for a multi-arch job and under-charge it.
+    """
+    out: dict[int, list[int]] = {}
+    by_threads = data.get("job_peaks")
+    if isinstance(by_threads, dict):
+        for count, peaks in by_threads.items():
+            if isinstance(count, str) and count.isdigit() and int(count) > 0 and _peaks(peaks):
+                out[int(count)] = _peaks(peaks)[-LEARNED_SAMPLES:]
+    legacy = [p * max(1, nvcc_threads) for p in _peaks(data.get("per_thread_peaks"))]
+    if legacy:
+        out[1] = [*legacy, *out.get(1, [])][-LEARNED_SAMPLES:]
+    return out
+
+
+def learned_job_peaks(storage: Storage, recipe: str, cuda: str, *,
+                      nvcc_threads: int) -> dict[int, list[int]]:
+    """The recent job peaks of this recipe and CUDA, by effective thread count (``{1: [...]}``).
+
+    ``nvcc_threads`` is the recipe's NVCC_THREADS, needed to read a version-1 file.
+    """
+    return _samples(_read_stats(storage, stats_key(recipe, cuda)), nvcc_threads)
+
+
+@dataclass(frozen=True)
+class _Charge:
+    job_bytes: int
+    source: str
+    learned: bool
+
+
+def _charge(samples: dict[int, list[int]], threads: int, recipe_per_thread: int) -> _Charge:
+    """What one job of ``threads`` effective threads is charged.
+
+    What was measured at that count, else the recipe's figure times the threads; raised, either
+    way, to what jobs with fewer threads were measured at (more threads never need less). A
+    figure measured with more threads is never used: it says nothing of what fewer threads need
+    beyond an upper bound, and nothing at all of what more need.
+    """
+    exact = max(samples.get(threads, []), default=0)
+    fewer = max((p for count, peaks in samples.items() if count < threads for p in peaks),
+                default=0)
+    if exact:
+        charge = _Charge(int(exact * LEARNED_MARGIN),
+                         f"learned from earlier builds with {_plural(threads, 'nvcc thread')}",
+                         learned=True)
+    else:
+        charge = _Charge(recipe_per_thread * threads, "from the recipe", learned=False)
+    floor = int(fewer * LEARNED_MARGIN)
+    if floor > charge.job_bytes:
+        charge = _Charge(floor, "raised to the peak of earlier builds with fewer threads",
+                         learned=True)
+    return charge
+
+
+def learned_per_thread(storage: Storage, recipe: str, cuda: str, *, nvcc_threads: int,
+                       archs: int) -> int | None:
+    """The learned per-thread figure for jobs with ``archs`` targets, or None where nothing
+    learned applies (the recipe's figure stands)."""
+    threads = effective_threads(nvcc_threads, archs)
+    charge = _charge(learned_job_peaks(storage, recipe, cuda, nvcc_threads=nvcc_threads),
+                     threads, 0)
+    return charge.job_bytes // threads if charge.learned else None
 
 
 def record_peaks(
-    storage: Storage, recipe: str, cuda: str, job_peaks: list[int], nvcc_threads: int
+    storage: Storage, recipe: str, cuda: str, job_peaks: list[int], nvcc_threads: int, *,
+    archs: int,
 ) -> int | None:
-    """Remember the highest compile-job peak of a build; return the per-thread figure stored.
+    """Remember the highest compile-job peak of a build under its effective thread count;
+    return its per-thread figure.
 
-    Only the last :data:`LEARNED_SAMPLES` builds count, so a toolkit upgrade that changes the
-    memory profile is picked up. Concurrent builds may drop each other's sample (last writer
-    wins), which is harmless for an estimate.
+    Only the last :data:`LEARNED_SAMPLES` builds of each count count, so a toolkit upgrade that
+    changes the memory profile is picked up. A version-1 file is rewritten in the new format, its
+    samples kept as :func:`learned_job_peaks` reads them. Concurrent builds may drop each other's
+    sample (last writer wins), which is harmless for an estimate.
     """
     peaks = [p for p in job_peaks if p > 0]
     if not peaks:
         return None
-    per_thread = max(peaks) // max(1, nvcc_threads)
+    threads = effective_threads(nvcc_threads, archs)
     key = stats_key(recipe, cuda)
-    try:
-        data = json.loads(storage.get_bytes(key))
-        samples = [s for s in data.get("per_thread_peaks", []) if isinstance(s, int)]
-    except (FileNotFoundError, ValueError):
-        samples = []
-    samples = [*samples, per_thread][-LEARNED_SAMPLES:]
-    storage.put_bytes(key, json.dumps({"recipe": recipe, "cuda": cuda,
-                                       "per_thread_peaks": samples}).encode())
-    return per_thread
+    samples = _samples(_read_stats(storage, key), nvcc_threads)
+    samples[threads] = [*samples.get(threads, []), max(peaks)][-LEARNED_SAMPLES:]
+    storage.put_bytes(key, json.dumps({
+        "version": STATS_VERSION, "recipe": recipe, "cuda": cuda,
+        "job_peaks": {str(count): samples[count] for count in sorted(samples)},
+    }).encode())
+    return max(peaks) // threads
 
 
 def decide(
@@ -121,15 +220,20 @@ def decide(
     cuda: str,
     recipe_per_thread: int,
     nvcc_threads: int,
+    archs: int,
     available: int,
     total: int,
     cores: int,
     reserve: int | None = None,
 ) -> MaxJobs:
-    """Choose MAX_JOBS, preferring the learned per-thread figure over the recipe's."""
-    learned = learned_per_thread(storage, recipe, cuda) if storage is not None else None
+    """Choose MAX_JOBS for jobs of ``archs`` device targets, preferring what earlier builds with
+    as many effective threads measured over the recipe's figure."""
+    threads = effective_threads(nvcc_threads, archs)
+    samples = (learned_job_peaks(storage, recipe, cuda, nvcc_threads=nvcc_threads)
+               if storage is not None else {})
+    charge = _charge(samples, threads, recipe_per_thread)
     return choose_max_jobs(
         available=available, total=total, cores=cores,
-        per_thread_bytes=learned if learned is not None else recipe_per_thread,
-        nvcc_threads=nvcc_threads, reserve=reserve, learned=learned is not None,
+        per_thread_bytes=charge.job_bytes // threads, nvcc_threads=nvcc_threads, archs=archs,
+        reserve=reserve, learned=charge.learned, source=charge.source,
     )

@@ -22,6 +22,7 @@ from packaging.utils import NormalizedName, canonicalize_name
 from packaging.version import Version
 
 from wheelhouse.errors import InvalidBuildSpec, InvalidRecipe, InvalidVariant
+from wheelhouse.maxjobs import effective_threads
 from wheelhouse.patches import Patch, parse_patches
 from wheelhouse.variants import Variant, normalize_arch
 
@@ -63,6 +64,9 @@ class Recipe:
     job_memory_gib: float = 2.0
     """Peak memory of one compile job per nvcc thread, before any learned figure exists."""
     nvcc_threads: int = 1
+    """nvcc's ``--threads``: at most one per device target is ever busy (``threads_for``)."""
+    ptx_target: bool = False
+    """setup.py adds a PTX target (``code=compute_XX``) to the SASS ones: one more target."""
     env: Mapping[str, str] = field(default_factory=dict)
     patches: tuple[Patch, ...] = ()
     """Changes to the sdist, each scoped to project and torch versions."""
@@ -75,6 +79,16 @@ class Recipe:
     def archs_for(self, variant: Variant) -> tuple[str, ...]:
         """The architectures to build: the variant's narrowed set, else the recipe's default."""
         return variant.archs or self.default_archs
+
+    def targets_for(self, variant: Variant) -> int:
+        """Device targets each compile job compiles: a ``-gencode`` pair per architecture,
+        plus the PTX one where the recipe's setup.py adds it."""
+        return len(self.archs_for(variant)) + int(self.ptx_target)
+
+    def threads_for(self, variant: Variant) -> int:
+        """The NVCC_THREADS to build ``variant`` with: no more than its targets, since nvcc
+        runs one target per thread."""
+        return effective_threads(self.nvcc_threads, self.targets_for(variant))
 
     def patches_for(self, version: Version, torch: Version) -> tuple[Patch, ...]:
         """The patches to apply to ``version``'s sdist when building against ``torch``.
@@ -92,7 +106,7 @@ class Recipe:
             "torch_cuda_arch_list": ";".join(_dotted(a) for a in archs),
             "variant_torch_cuda_arch_list": ";".join(_dotted(a) for a in variant.archs),
             "local_label": variant.local_label,
-            "nvcc_threads": str(self.nvcc_threads),
+            "nvcc_threads": str(self.threads_for(variant)),
             "max_jobs": str(max_jobs),
             "cuda": variant.cuda,
             "torch": variant.torch,
@@ -140,7 +154,8 @@ def parse_recipe(path: Path) -> Recipe:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InvalidRecipe(f"{path}: {exc}") from None
     known = {"project", "description", "build_requires", "import_check", "load_check",
-             "relabel", "default_archs", "job_memory_gib", "nvcc_threads", "env", "patch"}
+             "relabel", "default_archs", "job_memory_gib", "nvcc_threads", "ptx_target", "env",
+             "patch"}
     unknown = set(data) - known
     if unknown:
         raise InvalidRecipe(f"{path}: unknown keys {sorted(unknown)}")
@@ -163,8 +178,10 @@ def parse_recipe(path: Path) -> Recipe:
     if not isinstance(threads, int) or not 1 <= threads <= 64:
         raise InvalidRecipe(f"{path}: nvcc_threads must be an integer from 1 to 64")
     relabel = data.get("relabel", True)
-    if not isinstance(relabel, bool):
-        raise InvalidRecipe(f"{path}: relabel must be true or false")
+    ptx = data.get("ptx_target", False)
+    for key, value in (("relabel", relabel), ("ptx_target", ptx)):
+        if not isinstance(value, bool):
+            raise InvalidRecipe(f"{path}: {key} must be true or false")
     recipe_name = canonicalize_name(name) if name != GENERIC else GENERIC
     recipe = Recipe(
         name=recipe_name,
@@ -176,6 +193,7 @@ def parse_recipe(path: Path) -> Recipe:
         default_archs=archs,
         job_memory_gib=float(memory),
         nvcc_threads=threads,
+        ptx_target=ptx,
         env=dict(env),
         patches=parse_patches(data.get("patch"), recipe=recipe_name, recipe_path=path),
         path=path,

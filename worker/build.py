@@ -636,6 +636,7 @@ class Builder:
         jobs = decide(self.storage, recipe=self.recipe.name, cuda=self.spec.cuda,
                       recipe_per_thread=self.recipe.job_memory_bytes,
                       nvcc_threads=self.recipe.nvcc_threads, available=int(mem.available),
+                      archs=self.recipe.targets_for(self.spec.variant),
                       total=int(mem.total), cores=usable_cores(), reserve=reserve)
         if self.max_jobs_override is not None:
             jobs = MaxJobs(**{**jobs.to_dict(), "jobs": self.max_jobs_override,
@@ -801,7 +802,8 @@ class Builder:
             return
         try:
             per_thread = record_peaks(self.storage, self.recipe.name, self.spec.cuda,
-                                      self.job_peaks, self.recipe.nvcc_threads)
+                                      self.job_peaks, self.recipe.nvcc_threads,
+                                      archs=self.recipe.targets_for(self.spec.variant))
         except (OSError, WheelhouseError) as exc:
             self.log.write(f"could not record memory statistics: {exc}")
             return

@@ -17,7 +17,7 @@ from rq.job import JobStatus
 
 from tests.helpers import QuietHandler, build_job, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
-from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats
+from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import GENERATION_KEY, Record, record_key
 from wheelhouse.publish import publish
@@ -430,6 +430,28 @@ def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
     view = client.get(f"/api/builds/{job_id}").json
     assert view["progress"] == {"done": 12, "total": 96, "percent": 12.5}
     assert view["peak_memory_bytes"] == 3 * 1024**3
+
+
+@pytest.mark.parametrize(("targets", "charge"), [
+    (1, "5.0 GiB per compile job: 1 device target on 1 nvcc thread (NVCC_THREADS=4)"),
+    (4, "20.0 GiB per compile job: 4 device targets on 4 nvcc threads (NVCC_THREADS=4)"),
+    (None, None),  # a decision recorded before targets were counted: no row
+])
+def test_build_page_says_what_each_job_was_charged_for(
+        client: FlaskClient, conn: Redis, targets: int | None, charge: str | None) -> None:
+    jobs = MaxJobs(jobs=6, reason="MAX_JOBS=6", per_thread_bytes=5 * 1024**3, nvcc_threads=4,
+                   available_bytes=200 * 1024**3, reserve_bytes=30 * 1024**3, cores=96,
+                   learned=False, targets=targets,
+                   effective_threads=min(4, targets) if targets else None)
+    job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile", max_jobs=6,
+                        max_jobs_reason=jobs.reason, build={"max_jobs": jobs.to_dict()})
+    view = client.get(f"/api/builds/{job_id}").json
+    assert view is not None and view["max_jobs_charge"] == charge
+    page = client.get(f"/builds/{job_id}").text
+    if charge is None:
+        assert 'id="max-jobs-charge"' not in page
+    else:
+        assert f'<td id="max-jobs-charge">{charge}</td>' in page
 
 
 @pytest.mark.parametrize("meta", [

@@ -9,9 +9,13 @@ import pytest
 
 from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs, Reaped
 
-JOBS = MaxJobs(jobs=6, reason="MAX_JOBS=6: 6 jobs of 5.0 GiB fit", per_thread_bytes=5 * 2**30,
-               nvcc_threads=2, available_bytes=40 * 2**30, reserve_bytes=8 * 2**30, cores=32,
-               learned=True)
+#: A decision from before targets were counted.
+OLD_JOBS = MaxJobs(jobs=6, reason="MAX_JOBS=6: 6 jobs of 5.0 GiB fit",
+                   per_thread_bytes=5 * 2**30, nvcc_threads=2, available_bytes=40 * 2**30,
+                   reserve_bytes=8 * 2**30, cores=32, learned=True)
+JOBS = MaxJobs(jobs=3, reason="MAX_JOBS=3: 3 jobs of 10.0 GiB fit", per_thread_bytes=5 * 2**30,
+               nvcc_threads=4, available_bytes=40 * 2**30, reserve_bytes=8 * 2**30, cores=32,
+               learned=False, targets=2, effective_threads=2)
 FULL = BuildFacts(
     build_id="wh1a2b3c4d-build-x", recipe="flash-attn", host="gpu-1", toolkit="V13.0.88",
     torch="2.14.1+cu130", sdist="flash_attn-2.8.3.tar.gz", sdist_sha256="ab" * 32,
@@ -30,7 +34,7 @@ FULL = BuildFacts(
 OLD_RECORD_BUILD: dict[str, Any] = {
     "build_id": "build-x", "recipe": "cudaext", "host": "box", "toolkit": "V13.0.88",
     "torch": "2.14.1+cu130", "sdist": "cudaext-0.1.0.tar.gz",
-    "max_jobs": {**JOBS.to_dict()}, "peak_tree_bytes": 123, "governor_pauses": 0,
+    "max_jobs": {**OLD_JOBS.to_dict()}, "peak_tree_bytes": 123, "governor_pauses": 0,
     "reaped": {"processes": 1, "signals": ["SIGTERM"], "seconds": 0.01, "survivors": 0},
     "peak_job_bytes": 45, "seconds": 61.2, "log_key": "logs/x.log",
 }
@@ -51,7 +55,8 @@ def test_what_is_not_known_is_left_out() -> None:
 
 def test_older_records_read_back() -> None:
     facts = BuildFacts.from_dict(OLD_RECORD_BUILD)
-    assert facts.max_jobs == JOBS and facts.peak_tree_bytes == 123
+    assert facts.max_jobs == OLD_JOBS and facts.peak_tree_bytes == 123
+    assert "targets" not in OLD_RECORD_BUILD["max_jobs"]
     assert facts.reaped == Reaped(processes=1, signals=("SIGTERM",), seconds=0.01, survivors=0)
     assert facts.to_dict() == OLD_RECORD_BUILD
 
@@ -96,3 +101,17 @@ def test_mistyped_issue_13_facts_are_dropped() -> None:
     assert facts.patches == (AppliedPatch("r", "i", "d", "s"),)
     assert facts.device_code == {"a.so": {"sass": ["80"], "ptx": []}}
     assert facts.compile_cache == CompileCacheStats(misses=2)
+
+
+def test_the_record_says_what_each_job_was_charged_for() -> None:
+    data = json.loads(json.dumps(FULL.to_dict()))
+    assert data["max_jobs"]["targets"] == 2 and data["max_jobs"]["effective_threads"] == 2
+    facts = BuildFacts.from_dict(data)
+    assert facts.max_jobs is not None
+    assert facts.max_jobs.charge_summary() == (
+        "10.0 GiB per compile job: 2 device targets on 2 nvcc threads (NVCC_THREADS=4)")
+    assert OLD_JOBS.charge_summary() is None  # an older record did not count targets
+    mistyped = BuildFacts.from_dict({"max_jobs": {**JOBS.to_dict(), "targets": "2",
+                                                  "effective_threads": True}})
+    assert mistyped.max_jobs is not None and mistyped.max_jobs.targets is None
+    assert mistyped.max_jobs.effective_threads is None

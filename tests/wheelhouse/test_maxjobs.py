@@ -1,6 +1,9 @@
-"""RAM-aware MAX_JOBS: the reserve rule, the clamp, and per-job memory learned across builds."""
+"""RAM-aware MAX_JOBS: the reserve rule, the clamp, effective nvcc threads, and per-job memory
+learned across builds per effective thread count."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -8,12 +11,17 @@ from wheelhouse.maxjobs import (
     GIB,
     choose_max_jobs,
     decide,
+    effective_threads,
+    learned_job_peaks,
     learned_per_thread,
     record_peaks,
     reserve_bytes,
     stats_key,
 )
-from wheelhouse.storage import Storage
+from wheelhouse.storage import LocalStorage, Storage
+
+#: flash-attn's recipe: 5 GiB per nvcc thread, NVCC_THREADS=4.
+RECIPE = 5 * GIB
 
 
 @pytest.mark.parametrize(
@@ -31,67 +39,174 @@ def test_reserve(total_gib: int, reserve_gib: float) -> None:
     assert reserve_bytes(total_gib * GIB) == pytest.approx(reserve_gib * GIB, rel=1e-6)
 
 
+@pytest.mark.parametrize(("nvcc_threads", "archs", "threads"), [
+    (4, 1, 1), (4, 2, 2), (4, 4, 4), (4, 9, 4), (1, 4, 1), (4, 0, 1),
+])
+def test_effective_threads(nvcc_threads: int, archs: int, threads: int) -> None:
+    assert effective_threads(nvcc_threads, archs) == threads
+
+
 @pytest.mark.parametrize(
-    ("available", "total", "cores", "per_thread", "threads", "jobs"),
+    ("available", "total", "cores", "per_thread", "threads", "archs", "jobs"),
     [
         # The host of flash-attn issue #2493: its own heuristic picked 42 jobs, then rebooted.
-        (860, 880, 96, 5.0, 4, 36),
-        (22, 24, 2, 5.0, 4, 1),  # nothing fits: one job, the governor guards it
-        (22, 24, 2, 1.0, 1, 2),  # 16 fit, capped at the cores
-        (100, 128, 64, 2.0, 1, 40),  # (100 - 19.2) / 2 = 40
-        (5, 128, 64, 2.0, 1, 1),  # available below the reserve
+        (860, 880, 96, 5.0, 4, 4, 36),
+        (860, 880, 96, 5.0, 4, 2, 72),  # two targets: two threads busy, twice the jobs
+        (860, 880, 200, 5.0, 4, 1, 145),  # one target: one thread's memory per job
+        (22, 24, 2, 5.0, 4, 4, 1),  # nothing fits: one job, the governor guards it
+        (22, 24, 2, 1.0, 1, 2, 2),  # 16 fit, capped at the cores
+        (100, 128, 64, 2.0, 1, 2, 40),  # (100 - 19.2) / 2 = 40
+        (5, 128, 64, 2.0, 1, 2, 1),  # available below the reserve
     ],
 )
 def test_choose(available: float, total: float, cores: int, per_thread: float, threads: int,
-                jobs: int) -> None:
+                archs: int, jobs: int) -> None:
     decision = choose_max_jobs(available=int(available * GIB), total=int(total * GIB),
                                cores=cores, per_thread_bytes=int(per_thread * GIB),
-                               nvcc_threads=threads)
+                               nvcc_threads=threads, archs=archs)
     assert decision.jobs == jobs
     assert decision.reason.startswith(f"MAX_JOBS={jobs}: ")
     assert "reserve" in decision.reason and "from the recipe" in decision.reason
+    effective = min(threads, archs)
+    assert decision.targets == archs and decision.effective_threads == effective
+    assert f"NVCC_THREADS={threads}" in decision.reason
     # The promise behind the number: the chosen jobs fit beside the reserve, unless only one runs.
     if jobs > 1:
-        used = jobs * per_thread * threads * GIB
+        used = jobs * per_thread * effective * GIB
         assert used + decision.reserve_bytes <= available * GIB
 
 
 def test_reason_says_why_when_clamped() -> None:
     assert "capped at 2 cores" in choose_max_jobs(
-        available=22 * GIB, total=24 * GIB, cores=2, per_thread_bytes=GIB).reason
-    assert "running 1 job anyway" in choose_max_jobs(
-        available=8 * GIB, total=24 * GIB, cores=2, per_thread_bytes=5 * GIB,
-        nvcc_threads=4).reason
+        available=22 * GIB, total=24 * GIB, cores=2, per_thread_bytes=GIB, archs=1).reason
+    clamped = choose_max_jobs(available=8 * GIB, total=24 * GIB, cores=2,
+                              per_thread_bytes=5 * GIB, nvcc_threads=4, archs=4)
+    assert "running 1 job anyway" in clamped.reason
+    assert "x 4 nvcc threads: 4 device targets, NVCC_THREADS=4" in clamped.reason
 
 
-def test_learned_figure_replaces_the_recipe_and_tracks_recent_builds(storage: Storage) -> None:
-    assert learned_per_thread(storage, "flash-attn", "13.0") is None
-    before = decide(storage, recipe="flash-attn", cuda="13.0", recipe_per_thread=5 * GIB,
-                    nvcc_threads=4, available=860 * GIB, total=880 * GIB, cores=96)
-    assert not before.learned and before.jobs == 36
+def _stats(storage: Storage, data: dict[str, object]) -> None:
+    storage.put_bytes(stats_key("flash-attn", "13.0"), json.dumps(data).encode())
 
-    # Builds measured 6 GiB per compile job at 2 nvcc threads: 3 GiB per thread, +20 % margin.
-    assert record_peaks(storage, "flash-attn", "13.0", [2 * GIB, 6 * GIB, 5 * GIB], 2) == 3 * GIB
-    assert learned_per_thread(storage, "flash-attn", "13.0") == int(3.6 * GIB)
-    after = decide(storage, recipe="flash-attn", cuda="13.0", recipe_per_thread=5 * GIB,
-                   nvcc_threads=4, available=860 * GIB, total=880 * GIB, cores=96)
-    assert after.learned and "learned from earlier builds" in after.reason
-    assert after.jobs == int((860 - 132) / (3.6 * 4))
 
-    # Per recipe and CUDA version; other CUDA versions keep their own figure.
-    assert learned_per_thread(storage, "flash-attn", "12.8") is None
+def _v2(by_threads: dict[int, list[float]]) -> dict[str, object]:
+    return {"version": 2, "job_peaks": {str(t): [int(p * GIB) for p in peaks]
+                                        for t, peaks in by_threads.items()}}
+
+
+def _v1(per_thread: list[float]) -> dict[str, object]:
+    """The stats file before effective threads: each job's peak ÷ the recipe's NVCC_THREADS."""
+    return {"recipe": "flash-attn", "cuda": "13.0",
+            "per_thread_peaks": [int(p * GIB) for p in per_thread]}
+
+
+@pytest.mark.parametrize(
+    ("stored", "archs", "charge_gib", "learned"),
+    [
+        # Nothing measured: the recipe's figure times the effective threads.
+        ({}, 1, 5.0, False),
+        ({}, 4, 20.0, False),
+        ({}, 9, 20.0, False),  # nine targets still run on NVCC_THREADS=4
+        # A single-arch learned peak never lowers the charge of a multi-arch build (issue 22:
+        # after an sm90-only build, a 4-arch build on 512 GiB got ~68 jobs of ~20 GiB each).
+        (_v2({1: [1.0]}), 4, 20.0, False),
+        (_v2({1: [1.0]}), 2, 10.0, False),
+        (_v2({1: [1.0]}), 1, 1.2, True),  # ... and it is the figure for single-arch builds
+        # ... but it raises one: more threads never need less than one thread did.
+        (_v2({1: [30.0]}), 4, 36.0, True),
+        # What was measured with as many threads replaces the recipe, lower or higher.
+        (_v2({4: [8.0]}), 4, 9.6, True),
+        (_v2({4: [25.0]}), 4, 30.0, True),
+        (_v2({1: [3.0], 4: [8.0]}), 4, 9.6, True),
+        (_v2({2: [12.0], 4: [8.0]}), 4, 14.4, True),  # the 2-thread peak is a floor
+        # A peak measured with more threads says nothing about fewer: the recipe stands.
+        (_v2({4: [8.0]}), 1, 5.0, False),
+        (_v2({2: [12.0]}), 4, 20.0, False),  # 14.4 from two threads is below the recipe's 20
+        # Old files (per-thread figures, targets unknown) are read as the largest job peak they
+        # can mean, 4 x the figure, filed under one thread: the single-arch figure and a floor.
+        (_v1([1.0]), 1, 4.8, True),
+        (_v1([1.0]), 4, 20.0, False),  # a 4 GiB peak (maybe single-arch) can't lower 4 archs
+        (_v1([6.0]), 1, 28.8, True),
+        (_v1([6.0]), 4, 28.8, True),
+        ({"per_thread_peaks": "damaged", "job_peaks": {"x": [1], "0": [1], "2": "y"}}, 4, 20.0,
+         False),
+    ],
+)
+def test_the_charge_per_job(local_storage: LocalStorage, stored: dict[str, object], archs: int,
+                            charge_gib: float, learned: bool) -> None:
+    if stored:
+        _stats(local_storage, stored)
+    decision = decide(local_storage, recipe="flash-attn", cuda="13.0", recipe_per_thread=RECIPE,
+                      nvcc_threads=4, archs=archs, available=500 * GIB, total=512 * GIB,
+                      cores=128)
+    threads = min(4, archs)
+    assert decision.per_thread_bytes * threads == pytest.approx(charge_gib * GIB, abs=threads)
+    assert decision.learned is learned
+    assert decision.targets == archs and decision.effective_threads == threads
+    summary = decision.charge_summary()
+    assert summary is not None and f"{charge_gib:.1f} GiB per compile job" in summary
+    assert f"on {threads} nvcc thread" in summary
+
+
+def test_single_arch_builds_run_about_nvcc_threads_times_the_jobs(
+        local_storage: LocalStorage) -> None:
+    """A 128-core, 512 GiB host: one target per job runs ~4x the jobs of four targets, also
+    after a single-arch build taught its (lower) peak."""
+    def jobs(archs: int) -> int:
+        return decide(local_storage, recipe="flash-attn", cuda="13.0", recipe_per_thread=RECIPE,
+                      nvcc_threads=4, archs=archs, available=512 * GIB, total=512 * GIB,
+                      cores=128).jobs
+
+    single, four = jobs(1), jobs(4)
+    assert (single, four) == (87, 21)  # (512 - 76.8) / 5 and / 20
+    assert 3.5 <= single / four <= 4.5
+    # One sm90-only build measured 3.4 GiB per job (bench/flash_attn_kernel.py's kernel).
+    record_peaks(local_storage, "flash-attn", "13.0", [int(3.4 * GIB)], 4, archs=1)
+    assert jobs(1) == 106  # 435.2 / 4.08
+    assert jobs(4) == four  # the four-arch build is not given ~5x the jobs
+
+
+def test_learned_per_recipe_cuda_and_thread_count(storage: Storage) -> None:
+    assert learned_per_thread(storage, "flash-attn", "13.0", nvcc_threads=4, archs=4) is None
+    # A 4-arch build measured 6 GiB per compile job at 2 nvcc threads: 3 GiB per thread.
+    assert record_peaks(storage, "flash-attn", "13.0", [2 * GIB, 6 * GIB, 5 * GIB], 2,
+                        archs=4) == 3 * GIB
+    assert learned_per_thread(storage, "flash-attn", "13.0", nvcc_threads=2,
+                              archs=4) == int(3.6 * GIB)
+    # A single-arch build with NVCC_THREADS=4 ran one thread: its peak is one thread's.
+    assert record_peaks(storage, "flash-attn", "13.0", [GIB], 4, archs=1) == GIB
+    assert learned_job_peaks(storage, "flash-attn", "13.0", nvcc_threads=4) == {
+        1: [GIB], 2: [6 * GIB]}
+    # Per recipe and CUDA version; other CUDA versions keep their own figures.
+    assert learned_job_peaks(storage, "flash-attn", "12.8", nvcc_threads=4) == {}
     assert storage.exists(stats_key("flash-attn", "13.0"))
-
-    # Only the recent builds count: after ten smaller builds the old peak is forgotten.
+    # Only the recent builds of each count count: after ten smaller ones the old peak is gone,
+    # and the other counts keep theirs.
     for _ in range(10):
-        record_peaks(storage, "flash-attn", "13.0", [GIB], 1)
-    assert learned_per_thread(storage, "flash-attn", "13.0") == int(1.2 * GIB)
+        record_peaks(storage, "flash-attn", "13.0", [GIB], 2, archs=2)
+    assert learned_job_peaks(storage, "flash-attn", "13.0", nvcc_threads=4) == {
+        1: [GIB], 2: [GIB] * 10}
+
+
+def test_an_old_stats_file_is_rewritten_conservatively(local_storage: LocalStorage) -> None:
+    _stats(local_storage, _v1([2.0, 1.0]))  # peaks of 8 and 4 GiB, thread counts unknown
+    record_peaks(local_storage, "flash-attn", "13.0", [9 * GIB], 4, archs=4)
+    data = json.loads(local_storage.get_bytes(stats_key("flash-attn", "13.0")))
+    assert data == {"version": 2, "recipe": "flash-attn", "cuda": "13.0",
+                    "job_peaks": {"1": [8 * GIB, 4 * GIB], "4": [9 * GIB]}}
+    assert "per_thread_peaks" not in data
 
 
 def test_damaged_stats_fall_back_to_the_recipe(storage: Storage) -> None:
     storage.put_bytes(stats_key("generic", "12.8"), b"{not json")
     decision = decide(storage, recipe="generic", cuda="12.8", recipe_per_thread=2 * GIB,
-                      nvcc_threads=1, available=20 * GIB, total=24 * GIB, cores=64)
+                      nvcc_threads=1, archs=2, available=20 * GIB, total=24 * GIB, cores=64)
     assert not decision.learned and decision.per_thread_bytes == 2 * GIB
-    assert record_peaks(storage, "generic", "12.8", [], 1) is None
-    assert record_peaks(storage, "generic", "12.8", [GIB], 1) == GIB
+    assert record_peaks(storage, "generic", "12.8", [], 1, archs=2) is None
+    assert record_peaks(storage, "generic", "12.8", [GIB], 1, archs=2) == GIB
+
+
+def test_without_storage_the_recipe_decides() -> None:
+    decision = decide(None, recipe="generic", cuda="12.8", recipe_per_thread=2 * GIB,
+                      nvcc_threads=1, archs=2, available=20 * GIB, total=24 * GIB, cores=64)
+    assert not decision.learned and decision.effective_threads == 1

@@ -31,11 +31,29 @@ def test_flash_attn_recipe_sets_what_its_setup_py_reads() -> None:
         "FLASH_ATTENTION_SKIP_CUDA_BUILD": "FALSE",
         "FLASH_ATTN_CUDA_ARCHS": "80;90",
         "FLASH_ATTN_LOCAL_VERSION": "cu130torch2.14.sm80.sm90",
-        "NVCC_THREADS": "4",
+        "NVCC_THREADS": "2",  # two targets keep two of the recipe's four threads busy
     }
     fat = recipe.environment(Variant.of("2.8", "12.8"), max_jobs=1)
-    assert fat["FLASH_ATTN_CUDA_ARCHS"] == "80;90;100;120"
+    assert fat["FLASH_ATTN_CUDA_ARCHS"] == "80;90;100;120" and fat["NVCC_THREADS"] == "4"
     assert fat["FLASH_ATTN_LOCAL_VERSION"] == "cu128torch2.8"
+
+
+@pytest.mark.parametrize(("text", "archs", "targets", "threads"), [
+    ("nvcc_threads = 4", ["sm90"], 1, 1),  # nvcc runs one target per thread: one is busy
+    ("nvcc_threads = 4", ["sm80", "sm90"], 2, 2),
+    ("nvcc_threads = 4", [], 2, 2),  # a default variant: the recipe's default_archs (80, 90)
+    ("nvcc_threads = 4", ["75", "80", "87", "90", "100", "120"], 6, 4),
+    ("nvcc_threads = 4\nptx_target = true", ["sm90"], 2, 2),  # the PTX is a target of its own
+    ("nvcc_threads = 1", ["sm80", "sm90"], 2, 1),
+])
+def test_nvcc_threads_never_exceed_the_device_targets(
+        tmp_path: Path, text: str, archs: list[str], targets: int, threads: int) -> None:
+    (tmp_path / "fa.toml").write_text(f'project = "flash-attn"\n{text}\n'
+                                      '[env]\nNVCC_THREADS = "${nvcc_threads}"\n')
+    recipe = load_recipe("flash-attn", [tmp_path])
+    variant = Variant.of("2.14", "13.0", archs)
+    assert recipe.targets_for(variant) == targets and recipe.threads_for(variant) == threads
+    assert recipe.environment(variant, max_jobs=1) == {"NVCC_THREADS": str(threads)}
 
 
 def test_unknown_projects_use_the_generic_recipe_and_get_relabelled() -> None:
@@ -131,6 +149,7 @@ def test_extra_dirs_override_builtin_recipes(tmp_path: Path) -> None:
         ('description = "no project"\n', "'project' is required"),
         ('project = "x"\ndefault_archs = ["61"]\n', "unknown GPU architecture"),
         ('project = "x"\nnvcc_threads = 0\n', "nvcc_threads"),
+        ('project = "x"\nptx_target = 1\n', "ptx_target must be true or false"),
         ('project = "x"\njob_memory_gib = -1\n', "job_memory_gib"),
         ('project = "x"\nbuild_requires = "ninja"\n', "list of strings"),
         ('project = "x"\n[env]\nA = 1\n', "map names to strings"),

@@ -81,7 +81,9 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
     assert build.toolkit is not None and build.toolkit.startswith("V13.0")
     assert build.peak_job_bytes is not None and build.peak_job_bytes > 0
     assert build.peak_tree_bytes is not None and build.peak_tree_bytes > 0
-    assert learned_per_thread(storage, "cudaext", "13.0") is not None  # feeds the next MAX_JOBS
+    # Learned under the job's effective threads (one target: one thread), for the next MAX_JOBS.
+    assert build.max_jobs.targets == 1 and build.max_jobs.effective_threads == 1
+    assert learned_per_thread(storage, "cudaext", "13.0", nvcc_threads=1, archs=1) is not None
     assert build.device_code is not None and build.sass_archs == ["80"]
     assert build.patches == ()  # the fixture's recipe has none
     # The compile went through this build's sccache server, which counted every compile.

@@ -50,6 +50,7 @@
     if (b.estimate_seconds !== null) { est.push("(earlier builds took " + duration(b.estimate_seconds) + ")"); }
     text("estimate", est.length ? est.join(" ") : "\u2014");
     text("max-jobs", b.max_jobs === null ? "\u2014" : String(b.max_jobs) + (b.max_jobs_reason ? " (" + b.max_jobs_reason + ")" : ""));
+    if (b.max_jobs_charge) { text("max-jobs-charge", b.max_jobs_charge); }
     text("peak-memory", bytes(b.peak_memory_bytes));
     text("sandbox", b.sandbox || "\u2014");
     document.getElementById("sandbox").className = b.sandbox && b.sandbox.indexOf("off") === 0 ? "unsafe" : "";
