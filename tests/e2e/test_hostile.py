@@ -175,6 +175,7 @@ def _summary(findings: dict[str, Any]) -> dict[str, Any]:
         "files written": tally(findings["writes"], "failed"),
         "uid": findings["identity"]["uid"],
         "gpu devices": [d for d in findings["dev"] if d.startswith("nvidia")],
+        "kernel (user namespaces, keyrings)": tally(findings.get("kernel", {}), "failed"),
     }
 
 
@@ -301,6 +302,10 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
                    if "probe" not in pid), findings["signals"]
         assert all(r.startswith("failed") for path, r in findings["writes"].items()
                    if path != str(outside_tmp)), findings["writes"]  # /tmp is its own
+        # No user namespace of its own, no kernel keyring (docs/security.md).
+        if IS_ROOT and os.uname().machine == "x86_64":
+            assert set(findings["kernel"].values()) == {"failed: Operation not permitted"}, \
+                findings["kernel"]
 
     # No connection reached the services.
     assert listener.accepted == 0 and abstract_listener[1].accepted == 0
