@@ -100,7 +100,7 @@ class Config:
     """Most processes and threads one build may run at once (its uid's RLIMIT_NPROC)."""
 
     build_memory_limit_gib: float = 0.0
-    """Most memory a build's processes may hold together, in GiB (0: host memory less reserve)."""
+    """Most memory a build's processes may hold together, in GiB (0: the host's memory)."""
 
     build_disk_limit_gib: float = 50.0
     """Most a build may write into its workspace, in GiB; killed past it (0: no cap)."""

@@ -47,7 +47,6 @@ import psutil
 
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable, UnsafePath
-from wheelhouse.maxjobs import reserve_bytes
 from worker import safefs, seccomp
 
 MODES = ("on", "off")
@@ -642,8 +641,10 @@ class TreeLimits:
     def from_config(cls, config: Config) -> TreeLimits:
         limit = int(config.build_memory_limit_gib * GIB)
         if limit <= 0:
-            total = int(psutil.virtual_memory().total)
-            limit = total - reserve_bytes(total)
+            # The host's memory: a legitimate build that needs more is killed by the kernel
+            # first and retried as oom at half MAX_JOBS (the governor keeps it below anyway);
+            # a lower cap is for hosts that share their memory with more than one build.
+            limit = int(psutil.virtual_memory().total)
         return cls(max_processes=max(0, config.build_max_processes), max_bytes=limit)
 
     def check(self, processes: Callable[[], Iterable[psutil.Process]]) -> None:
