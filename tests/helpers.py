@@ -110,8 +110,10 @@ def make_wheel(
     metadata_version: str | None = None,
     module_body: str = "",
     payload: bytes = b"",
+    files: dict[str, bytes] | None = None,
 ) -> Path:
-    """Write a small but complete, installable wheel (METADATA, WHEEL, RECORD)."""
+    """Write a small but complete, installable wheel (METADATA, WHEEL, RECORD); ``files`` are
+    more members, by archive path."""
     dist = name.replace("-", "_")
     filename = f"{dist}-{version}-{tag}.whl"
     info = f"{dist}-{metadata_version or version}.dist-info"
@@ -123,7 +125,7 @@ def make_wheel(
     if requires_python:
         meta.append(f"Requires-Python: {requires_python}")
     meta.extend(f"Requires-Dist: {r}" for r in requires or [])
-    files: dict[str, bytes] = {
+    members: dict[str, bytes] = {
         f"{dist}/__init__.py": (module_body or f"VERSION = {version!r}\n").encode(),
         f"{info}/METADATA": ("\n".join(meta) + "\n\n").encode(),
         f"{info}/WHEEL": (
@@ -132,18 +134,19 @@ def make_wheel(
         ).encode(),
     }
     if payload:
-        files[f"{dist}/payload.bin"] = payload
+        members[f"{dist}/payload.bin"] = payload
+    members.update(files or {})
     record = io.StringIO()
     writer = csv.writer(record, lineterminator="\n")
-    for path, data in files.items():
+    for path, data in members.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         writer.writerow((path, f"sha256={digest}", len(data)))
     writer.writerow((f"{info}/RECORD", "", ""))
-    files[f"{info}/RECORD"] = record.getvalue().encode()
+    members[f"{info}/RECORD"] = record.getvalue().encode()
     directory.mkdir(parents=True, exist_ok=True)
     wheel = directory / filename
     with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for arc, data in files.items():
+        for arc, data in members.items():
             zf.writestr(arc, data)
     return wheel
 

@@ -26,7 +26,7 @@ from wheelhouse.catalog import Record
 from wheelhouse.errors import DamagedFile, StorageError, StorageUnavailable
 from wheelhouse.storage import ByteStream
 from wheelhouse.variants import parse_variant
-from wheelhouse.wheels import parse_name
+from wheelhouse.wheels import parse_name, split_variant_label
 
 bp = Blueprint("files", __name__)
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ def _lookup(base_key: str, project: str, filename: str) -> Record:
     base = parse_variant(base_key)
     if base.archs or canonicalize_name(project) != project:
         raise NotFound("no such file")
-    name = parse_name(filename)  # refuses traversal and anything that is not a wheel name
+    # Refuses traversal and anything that is not a wheel name; a variant wheel's label aside.
+    name = parse_name(split_variant_label(filename)[0])
     if name.project != project:
         raise NotFound("no such file")
     catalog = services().catalog

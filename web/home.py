@@ -29,6 +29,12 @@ def install_command(index_url: str, project: str) -> str:
     return f"uv pip install --index-url {index_url} {project}"
 
 
+def variant_command(base: str, project: str, torch: str) -> str:
+    """The one command for any GPU: uv picks the build from ``/simple/`` (docs/variants.md)."""
+    return (f"uv pip install --preview-features wheel-variants --index-url {base}/simple "
+            f'{project} "torch=={torch}.*"')
+
+
 @bp.get("/")
 def index() -> str:
     base = request.host_url.rstrip("/") + request.script_root
@@ -46,8 +52,17 @@ def index() -> str:
             "narrow_only": [p for p in projects if p not in in_base],
         })
     example_url = f"{base}/{EXAMPLE_VARIANT}/simple"
+    # The plain root's command, for the first project with variant wheels and its newest torch.
+    plain = catalog.variant_projects()
+    if plain:
+        newest = max((r.variant for r in catalog.variant_files(plain[0])), key=lambda v: tuple(
+            int(p) for p in v.torch.split(".")))
+        one = variant_command(base, plain[0], newest.torch)
+    else:
+        one = variant_command(base, "PROJECT", parse_variant(EXAMPLE_VARIANT).torch)
     return render_template(
         "home.html", rows=rows, snippet=SNIPPET.format(base=base), base=base,
+        one_command=one, plain_projects=plain,
         example_variant=parse_variant(EXAMPLE_VARIANT),
         example=install_command(rows[0]["url"] if rows else example_url,
                                 rows[0]["commands"][0][0] if rows else "PROJECT"),

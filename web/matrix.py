@@ -18,6 +18,7 @@ from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidVariant
 from wheelhouse.queue import BuildState, all_build_jobs, state_of
 from wheelhouse.variants import Variant
+from wheelhouse.wheels import split_variant_label
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -37,6 +38,8 @@ class Cell:
     wheel: str | None = None
     device_code: str | None = None
     """For a built wheel: the GPU code its libraries hold (``sm_80, sm_90``), when recorded."""
+    label: str | None = None
+    """For a built wheel: the label of its variant form at ``/simple/`` (``cu130sm90``)."""
 
     @property
     def percent(self) -> int | None:
@@ -105,8 +108,19 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
 
     # Few distinct tag sets recur over many wheels: ask about each (variant, tags) once.
     served: dict[frozenset[Tag], list[str]] = {}
-    for record in catalog.all_records():
-        if project is not None and record.project != project:
+    records = [r for r in catalog.all_records() if project is None or r.project == project]
+    # A wheel and its variant form share variant, public version and tags.
+    labels: dict[tuple[str, str, str, frozenset[Tag]], str] = {}
+    for record in records:
+        if record.variant_label is not None:
+            try:
+                _, version, _, tags = parse_wheel_filename(split_variant_label(record.filename)[0])
+            except InvalidWheelFilename:
+                continue
+            labels[(record.project, version.public, record.variant.key, tags)] = \
+                record.variant_label
+    for record in records:
+        if record.variant_label is not None:
             continue
         try:
             _, version, _, tags = parse_wheel_filename(record.filename)
@@ -115,10 +129,11 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
         pythons = served.get(tags)
         if pythons is None:
             pythons = served[tags] = pythons_served(tags)
+        label = labels.get((record.project, version.public, record.variant.key, tags))
         for python in pythons:
             place(record.project, str(version.public), record.variant.key, python,
                   Cell(BuildState.BUILT.value, wheel=record.filename,
-                       device_code=record.build.device_code_summary()))
+                       device_code=record.build.device_code_summary(), label=label))
     if conn is not None:
         for job in jobs if jobs is not None else all_build_jobs(conn):
             spec = job.meta.get("spec") or {}

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 from flask import (
@@ -26,9 +28,11 @@ from web import onmiss
 from web.caches import Page, PageKey
 from web.form import recipe_list
 from web.services import services
+from wheelhouse import variantwheels
 from wheelhouse.catalog import Record
 from wheelhouse.errors import InvalidProjectName
 from wheelhouse.variants import Variant, parse_variant
+from wheelhouse.wheels import parse_name, split_variant_label
 
 bp = Blueprint("simple", __name__)
 
@@ -110,11 +114,18 @@ def _store(generation: str, key: PageKey, page: Page) -> Page:
 
 @bp.get("/<variant_key>/simple/")
 def root(variant_key: str) -> BaseResponse:
+    return _root(variant_key)
+
+
+def _root(variant_key: str) -> BaseResponse:
+    """A root's project list; the plain root (:data:`PLAIN`) lists projects with variant
+    wheels."""
     fmt = negotiate()
     generation, key, page = _lookup("root", variant_key, "", fmt)
     if page is None:
-        variant = _variant(variant_key)
-        projects = services().catalog.projects(variant)
+        catalog = services().catalog
+        variant = _variant(variant_key) if variant_key != PLAIN else None
+        projects = catalog.projects(variant) if variant else catalog.variant_projects()
         if fmt == "json":
             body: str = json.dumps({"meta": {"api-version": API_VERSION},
                                     "projects": [{"name": p} for p in projects]})
@@ -230,10 +241,126 @@ def _file_url(r: Record) -> str:
                    filename=r.filename)
 
 
-def _render_project(project: NormalizedName, files: list[Record], fmt: str) -> str:
+# -- the plain root /simple/: wheel variants (wheelhouse.variantwheels) --
+
+#: The plain root's place in the page cache's keys (no variant key is empty).
+PLAIN = ""
+
+
+@dataclass(frozen=True)
+class VariantsFile:
+    """A version's ``-variants.json`` as a project page links it."""
+
+    filename: str
+    url: str
+    sha256: str
+
+
+@bp.get("/simple/")
+def variant_root() -> BaseResponse:
+    return _root(PLAIN)
+
+
+@bp.get("/simple")
+def variant_root_no_slash() -> BaseResponse:
+    return redirect(url_for("simple.variant_root"), 301)
+
+
+@bp.get("/simple/<name>")
+def variant_project_no_slash(name: str) -> BaseResponse:
+    return redirect(url_for("simple.variant_project", name=_project(name)), 301)
+
+
+@bp.get("/simple/<name>/")
+def variant_project(name: str) -> BaseResponse:
+    """A project's variant wheels and, per version, its ``-variants.json``."""
+    fmt = negotiate()
+    generation, key, page = _lookup("project", PLAIN, name, fmt)
+    svc = services()
+    if page is not None:
+        if svc.config.build_on_miss:
+            _variant_build_on_miss(name)  # type: ignore[arg-type]
+        return _respond(page)
+    normalized = _project(name)
+    if normalized != name:
+        return redirect(url_for("simple.variant_project", name=normalized), 301)
+    files = svc.catalog.variant_files(normalized)
+    if svc.config.build_on_miss:
+        _variant_build_on_miss(normalized)
+    if files:
+        documents = [VariantsFile(filename, url_for("simple.variants_file", project=normalized,
+                                                    filename=filename),
+                                  hashlib.sha256(body).hexdigest())
+                     for filename, body in _documents(files).items()]
+        page = _make_page(_render_project(normalized, files, fmt, documents), fmt)
+    else:
+        elsewhere = svc.catalog.variants_of(normalized)
+        if elsewhere or _hosted(normalized):
+            raise NotFound(_missing_variant_wheel(normalized, elsewhere))
+        if svc.router.default is None:
+            raise NotFound(f"{normalized} is not hosted here, and upstream routing is off")
+        # No variant to fill a rule's {cu}/{torch} with: the default upstream.
+        page = _make_page(b"", fmt, status=302,
+                          location=f"{svc.router.default.rstrip('/')}/{normalized}/")
+    return _respond(_store(generation, key, page))
+
+
+@bp.get("/files/variants/<project>/<filename>")
+def variants_file(project: str, filename: str) -> BaseResponse:
+    """A version's variants document, made from the catalog: the same bytes as long as the
+    version's variant wheels are the same (the project page lists its sha256)."""
+    generation, key, page = _lookup("variants", PLAIN, f"{project}/{filename}", "json")
+    if page is None:
+        normalized = _project(project)
+        body = _documents(services().catalog.variant_files(normalized)).get(filename)
+        if normalized != project or body is None:
+            raise NotFound(f"{filename} is not published here")
+        data = _make_page(body, "json")
+        page = _store(generation, key, Page(data.body, data.etag, data.headers,
+                                            "application/json", 200))
+    return _respond(page)
+
+
+def _documents(files: list[Record]) -> dict[str, bytes]:
+    """``{name}-{version}-variants.json`` per version of a project's variant wheels."""
+    labels: dict[str, dict[str, Any]] = {}
+    for r in files:
+        dist = parse_name(split_variant_label(r.filename)[0]).dist_name
+        filename = variantwheels.variants_filename(dist, r.version)
+        labels.setdefault(filename, {})[str(r.variant_label)] = variantwheels.properties(
+            r.variant.cuda, r.archs or ())
+    return {f: variantwheels.variants_document(ls) for f, ls in labels.items()}
+
+
+def _variant_build_on_miss(project: NormalizedName) -> None:
+    """Build on miss from the plain root: for every variant the project's newest version was
+    published into, the installer's Python (from its User-Agent) gets a build if it has none.
+    uv sends no detected variant properties (checked with 0.13.9), so its GPU is unknown."""
+    svc = services()
+    agent = request.headers.get("User-Agent", "")
+    for variant in svc.catalog.variants_of(project):
+        onmiss.maybe_build(svc, variant, project, svc.catalog.files(variant, project), agent)
+
+
+def _missing_variant_wheel(project: NormalizedName, elsewhere: list[Variant]) -> str:
+    base_url = request.host_url.rstrip("/") + request.script_root
+    lines = [f"{project} has no variant wheel here (no published wheel with GPU device code)."]
+    if elsewhere:
+        lines.append(f"It is built here for {', '.join(v.key for v in elsewhere)}; install "
+                     "from the root that fits your torch, CUDA and GPU, e.g.:")
+        lines.append(f"  uv pip install --index-url {base_url}/{elsewhere[-1].key}/simple "
+                     f"{project}")
+    lines.append(f"This index does not send {project} to the public upstream, since it is "
+                 "hosted here.")
+    return "\n".join(lines)
+
+
+def _render_project(project: NormalizedName, files: list[Record], fmt: str,
+                    documents: list[VariantsFile] | None = None) -> str:
+    documents = documents or []
     if fmt == "json":
         versions: dict[str, None] = {}
-        entries = []
+        entries: list[dict[str, Any]] = []
         for r in files:
             versions[r.version] = None
             entries.append({
@@ -247,8 +374,10 @@ def _render_project(project: NormalizedName, files: list[Record], fmt: str) -> s
                 "size": r.size,
                 "upload-time": r.upload_time,
             })
+        entries.extend({"filename": d.filename, "url": d.url, "hashes": {"sha256": d.sha256}}
+                       for d in documents)
         return json.dumps({"meta": {"api-version": API_VERSION}, "name": project,
                            "versions": list(versions), "files": entries})
     links = [(r, _file_url(r)) for r in files]
     return render_template("simple_project.html", project=project, links=links,
-                           api_version=API_VERSION)
+                           documents=documents, api_version=API_VERSION)

@@ -90,6 +90,10 @@ class Record:
     upload_time: str
     yanked: bool | str = False
     build: BuildFacts = field(default_factory=BuildFacts)
+    variant_label: str | None = None
+    """Set on the variant form of a wheel (:mod:`wheelhouse.variantwheels`): listed by the
+    plain root ``/simple/`` only, never by a variant root. Stored beside the wheel it was made
+    from (the same base variant)."""
 
     @property
     def wheel_key(self) -> str:
@@ -109,6 +113,8 @@ class Record:
         data["variant"] = self.variant.key
         data["archs"] = None if self.archs is None else list(self.archs)
         data["build"] = self.build.to_dict()
+        if self.variant_label is None:
+            del data["variant_label"]  # so that servers older than variant wheels read it
         return json.dumps(data, sort_keys=True, indent=1).encode()
 
     @classmethod
@@ -172,6 +178,8 @@ class _View:
     by_base: Mapping[str, Mapping[NormalizedName, list[Record]]]
     variants: frozenset[Variant]
     by_file: Mapping[tuple[str, str], Record]
+    # project -> listed variant wheels (``/simple/``), by version
+    by_label: Mapping[NormalizedName, list[Record]]
 
     @property
     def listed(self) -> int:
@@ -181,13 +189,17 @@ class _View:
     def build(cls, generation: str, records: dict[str, Record], unreadable: frozenset[str],
               quarantined: frozenset[str]) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
+        by_label: dict[NormalizedName, list[Record]] = {}
         for key, rec in records.items():
-            if key not in quarantined:
+            if key in quarantined:
+                continue
+            if rec.variant_label is not None:
+                by_label.setdefault(rec.project, []).append(rec)
+            else:
                 by_base.setdefault(rec.variant.base.key, {}).setdefault(rec.project,
                                                                         []).append(rec)
-        for projects in by_base.values():
-            for rs in projects.values():
-                rs.sort(key=lambda r: (Version(r.version), r.filename))
+        for rs in [*(rs for ps in by_base.values() for rs in ps.values()), *by_label.values()]:
+            rs.sort(key=lambda r: (Version(r.version), r.filename))
         return cls(
             generation=generation,
             records=records,
@@ -198,8 +210,12 @@ class _View:
             # builds would show an empty page.
             variants=frozenset(r.variant for ps in by_base.values() for rs in ps.values()
                                for r in rs),
-            by_file={(b, r.filename): r for b, ps in by_base.items() for rs in ps.values()
-                     for r in rs},
+            by_file={
+                **{(b, r.filename): r for b, ps in by_base.items() for rs in ps.values()
+                   for r in rs},
+                **{(r.variant.base.key, r.filename): r for rs in by_label.values() for r in rs},
+            },
+            by_label=by_label,
         )
 
 
@@ -403,11 +419,22 @@ class Catalog:
         r = self._current().by_file.get((base.key, filename))
         return r if r is not None and r.project == project else None
 
+    def variant_projects(self) -> list[NormalizedName]:
+        """Projects the plain root ``/simple/`` lists: those with a variant wheel."""
+        return sorted(self._current().by_label)
+
+    def variant_files(self, project: NormalizedName) -> list[Record]:
+        """The variant wheels of a project (``/simple/``), by version."""
+        return list(self._current().by_label.get(project, ()))
+
     def all_records(self) -> Iterable[Record]:
-        """Every listed record."""
-        for projects in self._current().by_base.values():
+        """Every listed record, variant wheels included."""
+        view = self._current()
+        for projects in view.by_base.values():
             for rs in projects.values():
                 yield from rs
+        for rs in view.by_label.values():
+            yield from rs
 
     def quarantined(self) -> list[Record]:
         """Records that ``wheelhouse verify --quarantine`` took out of the listings."""

@@ -19,7 +19,7 @@ from wheelhouse.errors import InvalidWheel
 from wheelhouse.publish import bump_generation, read_claim
 from wheelhouse.storage import LocalStorage, Storage
 from wheelhouse.variants import Variant
-from wheelhouse.wheels import parse_name
+from wheelhouse.wheels import parse_name, split_variant_label
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,8 @@ def _orphan_claims(storage: Storage, recorded: set[str], timeout: float,
     for obj in storage.list(CLAIMS):
         base, _, filename = obj.key.removeprefix(CLAIMS).rpartition("/")
         try:
-            project = parse_name(filename).project
+            # A variant wheel's name (``…-cu130sm90.whl``) names its project the same way.
+            project = parse_name(split_variant_label(filename)[0]).project
         except InvalidWheel:
             project = None
         if project is not None and f"{RECORDS}{base}/{project}/{filename}.json" in recorded:
@@ -99,6 +100,8 @@ def _orphan_claims(storage: Storage, recorded: set[str], timeout: float,
 def _prune(records: list[Record], keep: int) -> list[Deletion]:
     groups: dict[tuple[Variant, str], list[Record]] = defaultdict(list)
     for r in records:
+        # A variant wheel (``+pt214``) goes with the wheel it was made from: the same variant
+        # and public version.
         groups[(r.variant, r.project)].append(r)
     out = []
     for rs in groups.values():

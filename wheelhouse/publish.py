@@ -24,18 +24,17 @@ import socket
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from wheelhouse import variantwheels
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import (
     GENERATION_KEY,
     Record,
     claim_key,
     quarantine_key,
-    record_key,
-    wheel_key,
 )
 from wheelhouse.config import Config
 from wheelhouse.errors import AlreadyPublished, InvalidWheel, StorageError
@@ -116,6 +115,7 @@ def publish(
     build: BuildFacts | None = None,
     claim_timeout: float | None = None,
     by: str | None = None,
+    variant_form: bool = True,
 ) -> Record:
     """Validate ``path`` for ``variant`` and publish it; return its record.
 
@@ -124,7 +124,8 @@ def publish(
     ``wheelhouse verify --quarantine`` took out); different bytes under a published name raise
     :class:`AlreadyPublished`, since published files are immutable. ``claim_timeout`` is the
     publish timeout (``Config.publish_timeout`` when None); ``by`` names the publisher in its
-    claim.
+    claim. With ``variant_form``, the wheel's variant form is published too (or repaired, for
+    bytes published before), for the plain root ``/simple/``: see :func:`publish_variant_form`.
     """
     timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     name = parse_name(path.name)
@@ -162,33 +163,83 @@ def publish(
             .replace("+00:00", "Z"),
             build=build if build is not None else BuildFacts(),
         )
-        rkey = record_key(variant.base, name.project, name.filename)
-        existing = _read_record(storage, rkey)
-        if existing is not None:
-            if existing.sha256 == record.sha256:
-                _repair(storage, existing, path, metadata)
-                return existing
-            raise _published(name.filename, existing)
-        wkey = wheel_key(variant.base, name.project, name.filename)
-        ckey = claim_key(variant.base, name.filename)
-        _claim(storage, ckey, rkey, Claim.new(record.sha256, by), timeout)
-        storage.put_file(wkey, path)
-        # Before each further write: a publisher whose claim was taken over stops at its next
-        # step, so the window in which it can spoil the new holder's files is one write.
-        _still_ours(storage, ckey, record.sha256, name.filename)
-        storage.put_bytes(wkey + ".metadata", metadata)
-        _still_ours(storage, ckey, record.sha256, name.filename)
-        try:
-            storage.put_bytes(rkey, record.to_json(), exclusive=True)
-        except FileExistsError:
-            other = _read_record(storage, rkey)
-            if other is not None and other.sha256 == record.sha256:
-                return other  # the same bytes, published by someone else meanwhile
-            raise AlreadyPublished(
-                f"{name.filename} was published concurrently by someone else"
-            ) from None
-    bump_generation(storage)
+        published = _write(storage, record, path, metadata, timeout, by)
+        if published is record:
+            bump_generation(storage)
+        if variant_form:
+            publish_variant_form(storage, path, published, claim_timeout=timeout, by=by)
+    return published
+
+
+def _write(storage: Storage, record: Record, path: Path, metadata: bytes, timeout: float,
+           by: str | None) -> Record:
+    """The protocol (claim, wheel, ``.metadata``, record) for one file; the record that is
+    published now (``record`` itself when this call wrote it: the caller bumps the
+    generation)."""
+    rkey = record.key
+    existing = _read_record(storage, rkey)
+    if existing is not None:
+        if existing.sha256 == record.sha256:
+            _repair(storage, existing, path, metadata)
+            return existing
+        raise _published(record.filename, existing)
+    ckey = claim_key(record.variant.base, record.filename)
+    _claim(storage, ckey, rkey, Claim.new(record.sha256, by), timeout)
+    storage.put_file(record.wheel_key, path)
+    # Before each further write: a publisher whose claim was taken over stops at its next
+    # step, so the window in which it can spoil the new holder's files is one write.
+    _still_ours(storage, ckey, record.sha256, record.filename)
+    storage.put_bytes(record.metadata_key, metadata)
+    _still_ours(storage, ckey, record.sha256, record.filename)
+    try:
+        storage.put_bytes(rkey, record.to_json(), exclusive=True)
+    except FileExistsError:
+        other = _read_record(storage, rkey)
+        if other is not None and other.sha256 == record.sha256:
+            return other  # the same bytes, published by someone else meanwhile
+        raise AlreadyPublished(
+            f"{record.filename} was published concurrently by someone else"
+        ) from None
     return record
+
+
+def publish_variant_form(storage: Storage, path: Path, source: Record, *,
+                         claim_timeout: float | None = None,
+                         by: str | None = None) -> Record | None:
+    """Publish the variant form (:mod:`wheelhouse.variantwheels`) of the published wheel
+    ``source`` whose bytes are at ``path``; its record, or None where there is none to make.
+
+    None for a wheel without SASS (nothing to select a build by). A variant wheel of the same
+    name made from another source (a fat wheel and a narrowed one holding the same archs)
+    stands: the first keeps the name, this one is logged and left out. Failures never undo
+    the source's publication: they are logged, and ``wheelhouse variants backfill`` retries.
+    """
+    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
+    try:
+        archs = variantwheels.archs_of(path, source.build)
+        if not archs:
+            return None
+        with tempfile.TemporaryDirectory(prefix="wheelhouse-variant-") as tmp:
+            vpath, label = variantwheels.make_variant_wheel(path, source.variant, archs,
+                                                            Path(tmp))
+            metadata = read_metadata(vpath)
+            meta = parse_metadata(metadata)
+            record = replace(
+                source, filename=vpath.name, version=str(meta.version), archs=archs,
+                sha256=sha256_file(vpath), size=vpath.stat().st_size,
+                metadata_sha256=hashlib.sha256(metadata).hexdigest(), yanked=False,
+                variant_label=label)
+            try:
+                published = _write(storage, record, vpath, metadata, timeout, by)
+            except AlreadyPublished as exc:
+                log.info("variant form of %s left out: %s", source.filename, exc)
+                return None
+    except (ValueError, OSError) as exc:  # InvalidWheel, StorageError (unavailable) too
+        log.warning("no variant form of %s: %s", source.filename, exc)
+        return None
+    if published is record:
+        bump_generation(storage)
+    return published
 
 
 def _read_record(storage: Storage, rkey: str) -> Record | None:

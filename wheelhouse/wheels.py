@@ -15,7 +15,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.parser import BytesParser
 from pathlib import Path
@@ -70,6 +70,27 @@ def parse_name(filename: str) -> WheelName:
     if not all(t.interpreter and t.abi and t.platform for t in tags):
         raise InvalidWheel(f"{filename[:80]!r} has an empty tag")
     return WheelName(filename, name, version, tags)
+
+
+#: A wheel variant label (PEP 825): the extra part before ``.whl``.
+VARIANT_LABEL = re.compile(r"[0-9a-z_.]{1,16}")
+
+
+def split_variant_label(filename: str) -> tuple[str, str | None]:
+    """``x-1.0-py3-none-any-cu130sm90.whl`` → (``x-1.0-py3-none-any.whl``, ``cu130sm90``).
+
+    A plain wheel name comes back as it is, with None. Six parts are a build tag when the third
+    starts with a digit (the wheel spec's rule), else a variant label; seven are both.
+    """
+    parts = filename.removesuffix(".whl").split("-")
+    if not filename.endswith(".whl") or len(parts) not in (6, 7):
+        return filename, None
+    if len(parts) == 6 and parts[2][:1].isdigit():
+        return filename, None
+    label = parts[-1]
+    if not VARIANT_LABEL.fullmatch(label):
+        return filename, None
+    return "-".join(parts[:-1]) + ".whl", label
 
 
 def sha256_file(path: Path) -> str:
@@ -165,6 +186,22 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
     )
 
 
+def rewrite_wheel(path: Path, dest: Path, version: Version, *,
+                  edit_metadata: Callable[[bytes], bytes] | None = None,
+                  add_info: Mapping[str, bytes] | None = None) -> Path:
+    """Copy a wheel to ``dest`` (whose file name the caller chose) as ``version``: .dist-info,
+    .data and METADATA follow, ``edit_metadata`` edits METADATA further, ``add_info`` adds
+    files to the .dist-info, and RECORD matches. The same input gives the same bytes."""
+    dist = path.name.split("-", 1)[0]
+
+    def edit(data: bytes) -> bytes:
+        data = _set_version(data, version)
+        return edit_metadata(data) if edit_metadata is not None else data
+
+    return _rewrite(path, dest, new_info=f"{dist}-{version}.dist-info", edit_metadata=edit,
+                    add_info=add_info)
+
+
 def add_description_note(path: Path, note: str, dest_dir: Path) -> Path:
     """Write a copy of the wheel into ``dest_dir`` whose METADATA description ends with ``note``.
 
@@ -178,9 +215,11 @@ def add_description_note(path: Path, note: str, dest_dir: Path) -> Path:
 
 def _rewrite(
     path: Path, dest: Path, *, new_info: str | None, edit_metadata: Callable[[bytes], bytes],
+    add_info: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Copy a wheel to ``dest``, renaming its .dist-info (and .data) to ``new_info`` if given and
-    passing METADATA through ``edit_metadata``, with a RECORD that matches the new contents."""
+    passing METADATA through ``edit_metadata``, with a RECORD that matches the new contents.
+    ``add_info`` are files to write into the .dist-info (replacing any of the same name)."""
     with zipfile.ZipFile(path) as src:
         old_info = _dist_info_dir(src)
         new_info = new_info or old_info
@@ -198,7 +237,7 @@ def _rewrite(
                     arcname = info.filename
                     top, _, rest = arcname.partition("/")
                     if top == old_info:
-                        if rest == "RECORD":
+                        if rest == "RECORD" or rest in (add_info or {}):
                             continue
                         arcname = f"{new_info}/{rest}"
                     elif top == old_data:
@@ -211,20 +250,21 @@ def _rewrite(
                     zi.compress_type = zipfile.ZIP_DEFLATED
                     out.writestr(zi, data)
                     if not arcname.endswith("/"):
-                        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
-                        records.append(
-                            (arcname, "sha256=" + digest.rstrip(b"=").decode(), str(len(data)))
-                        )
+                        records.append(_record_row(arcname, data))
+                newest = max(i.date_time for i in src.infolist())
+                for rest, data in (add_info or {}).items():
+                    zi = zipfile.ZipInfo(f"{new_info}/{rest}", date_time=newest)
+                    zi.external_attr = 0o644 << 16
+                    zi.compress_type = zipfile.ZIP_DEFLATED
+                    out.writestr(zi, data)
+                    records.append(_record_row(zi.filename, data))
                 buf = io.StringIO()
                 writer = csv.writer(buf, lineterminator="\n")
                 writer.writerows(records)
                 writer.writerow((f"{new_info}/RECORD", "", ""))
                 # Dated like the rest of the wheel, not "now": relabelling the same wheel
                 # twice must give the same bytes, or republishing it is refused as different.
-                record_info = zipfile.ZipInfo(
-                    f"{new_info}/RECORD",
-                    date_time=max(i.date_time for i in src.infolist()),
-                )
+                record_info = zipfile.ZipInfo(f"{new_info}/RECORD", date_time=newest)
                 record_info.external_attr = 0o644 << 16
                 record_info.compress_type = zipfile.ZIP_DEFLATED
                 out.writestr(record_info, buf.getvalue())
@@ -232,6 +272,11 @@ def _rewrite(
         finally:
             tmp.unlink(missing_ok=True)
     return dest
+
+
+def _record_row(arcname: str, data: bytes) -> tuple[str, str, str]:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return arcname, "sha256=" + digest, str(len(data))
 
 
 def _append_description(metadata: bytes, note: str) -> bytes:

@@ -11,6 +11,7 @@ from redis import Redis
 from tests.helpers import make_wheel
 from tests.web.buildhelpers import make_app
 from web import create_app
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.config import Config
 from wheelhouse.publish import publish
 from wheelhouse.storage import open_storage
@@ -55,7 +56,25 @@ def test_every_listed_wheel_has_the_command_of_the_root_that_lists_it(tmp_path: 
     assert "narrow-ext" in narrowed and "torch2.14-cu130-sm80" in narrowed
     assert "only here: built for sm80 alone, not listed by torch2.14-cu130" in page
     # Commands are plain selectable text: a copy button is added by script, never required.
-    assert page.count('class="install copyable"') == 4  # the example, fat-ext twice, narrow-ext
+    # the one command, the example, fat-ext twice, narrow-ext
+    assert page.count('class="install copyable"') == 5
+
+
+def test_the_page_leads_with_one_command_and_the_matrix_shows_labels(tmp_path: Path) -> None:
+    config, client = _index_only(tmp_path)
+    empty = html.unescape(client.get("/").text)
+    assert ('uv pip install --preview-features wheel-variants --index-url '
+            'http://localhost/simple PROJECT "torch==2.8.*"') in empty
+    sm90 = parse_variant("torch2.14-cu130-sm90")
+    facts = BuildFacts(device_code={"gpu_ext/_C.so": {"sass": ["90"], "ptx": []}})
+    publish(open_storage(config), make_wheel(tmp_path / "w", "gpu-ext", f"1.0+{sm90.local_label}"),
+            sm90, build=facts)
+    page = html.unescape(client.get("/").text)
+    one = ('uv pip install --preview-features wheel-variants --index-url '
+           'http://localhost/simple gpu-ext "torch==2.14.*"')
+    assert page.index(one) < page.index('id="variants"')  # first, before the roots
+    matrix = client.get("/matrix").text
+    assert 'data-label="cu130sm90"' in matrix
 
 
 def test_index_only_request_and_sign_in_explain_what_builds_need(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from tests.web.buildhelpers import advertise_worker, make_app
 from tests.worker.conftest import FIXTURE_RECIPES
 from web.onmiss import installer_python
 from wheelhouse import queue as q
+from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.config import Config
 from wheelhouse.publish import publish
 from wheelhouse.storage import open_storage
 from wheelhouse.variants import parse_variant
@@ -119,3 +121,25 @@ def test_which_wheel_serves_the_installer_is_the_build_spec_rule(
         status = q.get_build(conn, jobs[0])
         assert status is not None
         assert (status.spec["python"], status.spec["machine"]) == (python[:4], cpu)
+
+
+def test_plain_root_builds_for_the_installers_python(redis_url: str, conn: Redis,
+                                                     tmp_path: Path) -> None:
+    """From ``/simple/``: every variant the project is published in, for the User-Agent's
+    Python (uv sends no GPU properties, so no variant is preferred)."""
+    app = make_app(redis_url, tmp_path, build_on_miss=True, recipe_dirs=str(FIXTURE_RECIPES))
+    variant = parse_variant(VARIANT)
+    w = make_wheel(tmp_path / "w", "cudaext", f"0.1.0+{variant.local_label}",
+                   tag="cp312-cp312-linux_x86_64")
+    facts = BuildFacts(device_code={"cudaext/_C.so": {"sass": ["80"], "ptx": []}})
+    publish(open_storage(Config(storage=str(tmp_path / "data"))), w, variant, build=facts)
+    advertise_worker(conn, cuda="12.8")
+    client = app.test_client()
+    resp = client.get("/simple/cudaext/", headers={"User-Agent": _agent("3.11.7")})
+    assert resp.status_code == 200
+    assert "cudaext-0.1.0+pt28-cp312-cp312-linux_x86_64-cu128sm80.whl" in resp.text
+    [job] = [k.decode().removeprefix("rq:job:") for k in conn.keys("rq:job:*")]
+    status = q.get_build(conn, job)
+    assert status is not None
+    assert (status.spec["python"], status.spec["torch"], status.spec["cuda"]) == (
+        "3.11", "2.8", "12.8")

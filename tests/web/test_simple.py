@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from pypi_simple import ACCEPT_JSON_PREFERRED, ProjectPage
 from tests.helpers import make_wheel
 from tests.web.conftest import VARIANT
 from web import create_app
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import Record
 from wheelhouse.config import Config
 from wheelhouse.publish import publish
@@ -257,3 +259,52 @@ def test_a_project_whose_records_vanish_stays_hosted(
     assert resp.status_code == 404, resp.headers.get("Location")
     assert "cudaext was published here, but storage lists no wheel of it now." in (
         resp.get_json()["error"])
+
+
+def test_plain_root_answers_without_variant_wheels(client: FlaskClient,
+                                                   published: list[Record]) -> None:
+    """``/simple/`` lists only variant wheels (made from wheels with GPU code; these have
+    none): a hosted project is a 404 that names its roots, never upstream; others go there."""
+    assert client.get("/simple").status_code == 301
+    assert client.get("/simple/Demo_Ext/").headers["Location"].endswith("/simple/demo-ext/")
+    root = client.get("/simple/", headers={"Accept": UV_ACCEPT})
+    assert root.status_code == 200 and root.json == {"meta": {"api-version": "1.1"},
+                                                     "projects": []}
+    missing = client.get("/simple/demo-ext/")
+    assert missing.status_code == 404
+    assert "torch2.8-cu128" in missing.text and "has no variant wheel" in missing.text
+    away = client.get("/simple/requests/")
+    assert away.status_code == 302
+    assert away.headers["Location"] == "https://up.example/simple/requests/"
+    assert client.get("/files/variants/demo-ext/demo_ext-1.0-variants.json").status_code == 404
+    # The variant roots are as they were.
+    assert client.get(f"/{VARIANT}/simple/demo-ext/").status_code == 200
+
+
+def test_variants_document_is_rebuilt_when_a_version_gains_a_variant(
+        client: FlaskClient, app_config: Config, tmp_path: Path) -> None:
+    storage = open_storage(app_config)
+
+    def publish_for(key: str, arch: str) -> None:
+        variant = parse_variant(key)
+        wheel = make_wheel(tmp_path / key, "gpu-ext", f"1.0+{variant.local_label}")
+        publish(storage, wheel, variant, build=BuildFacts(
+            device_code={"gpu_ext/_C.so": {"sass": [arch], "ptx": []}}))
+
+    def listed() -> tuple[str, bytes]:
+        page = client.get("/simple/gpu-ext/", headers={"Accept": UV_ACCEPT}).json
+        [doc] = [f for f in page["files"] if f["filename"].endswith("-variants.json")]
+        assert doc["filename"] == "gpu_ext-1.0+pt28-variants.json"
+        body = client.get(doc["url"]).data
+        assert hashlib.sha256(body).hexdigest() == doc["hashes"]["sha256"]
+        return doc["hashes"]["sha256"], body
+
+    publish_for("torch2.8-cu128-sm80", "80")
+    first, body = listed()
+    assert list(json.loads(body)["variants"]) == ["cu128sm80"]
+    publish_for("torch2.8-cu128-sm90", "90")
+    second, body = listed()
+    assert second != first
+    assert list(json.loads(body)["variants"]) == ["cu128sm80", "cu128sm90"]
+    html = client.get("/simple/gpu-ext/", headers={"Accept": "text/html"}).text
+    assert f"-variants.json#sha256={second}\">gpu_ext-1.0+pt28-variants.json</a>" in html

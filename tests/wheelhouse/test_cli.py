@@ -29,7 +29,8 @@ from wheelhouse.variants import parse_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
-COMMANDS = ["build", "gc", "publish", "request", "serve", "token", "verify", "worker", "workers"]
+COMMANDS = ["build", "gc", "publish", "request", "serve", "token", "variants", "verify", "worker",
+            "workers"]
 #: Every command that opens storage offers --storage.
 STORAGE_COMMANDS = ["build", "gc", "publish", "serve", "verify"]
 
