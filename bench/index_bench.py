@@ -139,7 +139,7 @@ def build_catalog(root: Path, wheels: int, variant_count: int, log: Any) -> Cata
     wheels one by one would take minutes. :func:`check_catalog` then reads it back.
     """
     from tests.helpers import make_wheel
-    from wheelhouse.catalog import Record, record_key, wheel_key
+    from wheelhouse.layout import Record, record_key, wheel_key
     from wheelhouse.publish import bump_generation, publish
     from wheelhouse.wheels import parse_name, read_metadata, sha256_file
 

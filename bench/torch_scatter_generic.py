@@ -1,7 +1,9 @@
-"""A real third-party CUDA extension through the generic recipe: torch-scatter 2.1.2 from PyPI.
+"""A real third-party CUDA extension: torch-scatter 2.1.2 from PyPI.
 
-torch-scatter has no recipe of its own, so ``wheelhouse build`` builds it with
-``generic.toml`` (``FORCE_CUDA=1``, ``TORCH_CUDA_ARCH_LIST``): the real worker pipeline from the
+``wheelhouse build`` builds it with its recipe (``torch-scatter.toml``: the generic recipe's
+``FORCE_CUDA=1`` and ``TORCH_CUDA_ARCH_LIST``, plus the patch that turns ninja back on; when this
+bench was first run, torch-scatter had no recipe and built with ``generic.toml``, without
+ninja; ``--recipe-dir`` puts another recipe first): the real worker pipeline from the
 sdist on PyPI (hash-checked) through a fresh venv with torch 2.14.1 (CUDA 13.0, from
 ``--find-links``), the compile (one sccache server for the build), the device-code check (SASS
 for the requested arch in every library that holds device code), the load check (torch-scatter's
@@ -11,6 +13,7 @@ libraries hold SASS for the arch, and reports wall time, the peak memory of the 
 tree (sampled every 0.5 s here, and as the build measured it) and what the record says.
 
     python bench/torch_scatter_generic.py [--arch sm80] [--workdir DIR] [--json out.json]
+                                          [--recipe-dir DIR]
 
 Exit status 0 only when the build published a wheel whose CUDA kernel libraries hold SASS for
 that arch. ``--check WHEEL`` only checks a wheel built before.
@@ -97,6 +100,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=6 * 3600)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--recipe-dir", type=Path,
+                        help="a directory of recipes searched first (WHEELHOUSE_RECIPE_DIRS)")
     parser.add_argument("--check", type=Path, metavar="WHEEL",
                         help="only check an already built wheel's device code")
     args = parser.parse_args()
@@ -108,7 +113,8 @@ def main() -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="torch-scatter-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     config = Config(storage=str(work / "data"), workspace=str(work / "work"),
-                    torch_index_url="", torch_find_links=TORCH_FIND_LINKS)
+                    torch_index_url="", torch_find_links=TORCH_FIND_LINKS,
+                    recipe_dirs=str(args.recipe_dir or ""))
     env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
     env.update(config.to_env())
     wheelhouse = shutil.which("wheelhouse") or "wheelhouse"

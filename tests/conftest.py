@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis import Redis
 
 from tests.helpers import Listener, TLSFiles, free_port, make_tls_certs, wait_for_port
 from wheelhouse.config import Config
@@ -75,6 +76,14 @@ def redis_url(redis_server: str) -> Iterator[str]:
     yield url
     conn.flushdb()
     conn.close()
+
+
+@pytest.fixture
+def conn(redis_url: str) -> Iterator[Redis]:
+    """A client of this test's own Redis database, closed after the test."""
+    client = Redis.from_url(redis_url)
+    yield client
+    client.close()
 
 
 @dataclass(frozen=True)

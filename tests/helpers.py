@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -97,6 +97,16 @@ def wait_for_port(port: int, timeout: float = 20.0, host: str = "127.0.0.1") -> 
                 return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s")
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds. The
+    deadline only bounds a hang: a test waits for the event, never for a fixed time."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.02)
 
 
 def make_wheel(

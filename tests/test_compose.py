@@ -32,6 +32,8 @@ SCHEMA = ROOT / "tests" / "fixtures" / "compose-spec" / "compose-spec.json"
 
 
 FILES = ("compose.yaml", "compose.tls.yaml")
+#: One worker service per CUDA line (issue 21): profile, and the CUDA release of its image.
+WORKERS = {"worker-cu128": ("cu128", "12.8."), "worker-cu130": ("cu130", "13.0.")}
 SECRET = "/run/secrets/redis_password"
 
 
@@ -61,7 +63,7 @@ def test_valid_against_compose_spec(name: str) -> None:
 
 def test_services_and_health(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "minio", "minio-init", "web", "worker"}
+    assert set(services) == {"redis", "minio", "minio-init", "web", *WORKERS}
     for name, svc in services.items():
         if name != "minio-init":
             assert "healthcheck" in svc, f"{name} has no healthcheck"
@@ -69,8 +71,28 @@ def test_services_and_health(compose: dict[str, Any]) -> None:
             assert cond["condition"] in ("service_healthy", "service_completed_successfully"), (
                 f"{name} waits for {dep} to start, not to be healthy")
     assert "--appendonly" in services["redis"]["command"]
-    devices = services["worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["capabilities"] == ["gpu"]
+    for name in WORKERS:
+        devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"]
+
+
+def test_a_worker_per_cuda_line(compose: dict[str, Any], tls_override: dict[str, Any]) -> None:
+    """Each CUDA line's worker: its own profile, the matching CUDA devel image, its own
+    workspace; the rest of their definition is shared."""
+    services = compose["services"]
+    shared = None
+    for name, (profile, release) in WORKERS.items():
+        svc = services[name]
+        assert svc["profiles"] == [profile]
+        image = svc["build"]["args"]["CUDA_IMAGE"]
+        assert image.startswith(f"nvidia/cuda:{release}") and "-devel-" in image
+        assert svc["build"]["dockerfile"] == "worker/Dockerfile"
+        assert svc["volumes"] == [f"{name}-work:/work"] and f"{name}-work" in compose["volumes"]
+        rest = {k: v for k, v in svc.items() if k not in ("profiles", "build", "image", "volumes")}
+        assert shared is None or rest == shared
+        shared = rest
+        assert tls_override["services"][name]["volumes"] == ["./tls/ca.crt:/tls/ca.crt:ro"]
+    assert "ARG CUDA_IMAGE=" in (ROOT / "worker" / "Dockerfile").read_text()
 
 
 def test_the_web_healthcheck_is_liveness(compose: dict[str, Any]) -> None:
@@ -130,7 +152,7 @@ def test_redis_is_private_and_wants_a_password(compose: dict[str, Any],
     assert redis_svc["secrets"] == ["redis_password"]
     started = " ".join([*redis_svc["entrypoint"], *redis_svc["command"]])
     assert "requirepass" in started and "--requirepass" not in started
-    for name in ("web", "worker"):
+    for name in ("web", *WORKERS):
         svc = services[name]
         assert svc["secrets"] == ["redis_password"]
         env = svc["environment"]
@@ -142,13 +164,13 @@ def test_redis_is_private_and_wants_a_password(compose: dict[str, Any],
     assert tls["redis"]["ports"] == ["6380:6380"]
     assert "--tls-port" in tls["redis"]["command"]
     assert tls["redis"]["command"][:4] == redis_svc["command"], "keep the persistence flags"
-    assert tls["worker"]["volumes"] == ["./tls/ca.crt:/tls/ca.crt:ro"]
 
 
 def test_each_role_has_its_own_s3_user(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert "WEB_S3_ACCESS_KEY" in services["web"]["environment"]["AWS_ACCESS_KEY_ID"]
-    assert "WORKER_S3_ACCESS_KEY" in services["worker"]["environment"]["AWS_ACCESS_KEY_ID"]
+    for name in WORKERS:
+        assert "WORKER_S3_ACCESS_KEY" in services[name]["environment"]["AWS_ACCESS_KEY_ID"]
     init = services["minio-init"]
     assert init["volumes"] == ["./deploy/s3:/policies:ro"]
     script = init["command"][0]

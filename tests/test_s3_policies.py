@@ -1,6 +1,7 @@
-"""deploy/s3/*-policy.json, the S3 users of compose's minio-init and the AWS IAM policies of the
-README, enforced by moto's S3 server with IAM authorization switched on: the web reads the index
-and nothing else; workers publish wheels, logs and build statistics and cannot delete.
+"""deploy/s3/*-policy.json, the S3 users of compose's minio-init and the AWS IAM policies of
+docs/security.md, enforced by moto's S3 server with IAM authorization switched on: the web
+reads the index and nothing else; workers publish wheels, logs and build statistics and cannot
+delete.
 
 moto checks each request's signature, action and resource against the user's policies (not
 policy conditions, which these policies don't use). It calls a HEAD on the bucket
@@ -29,6 +30,7 @@ import requests
 from botocore.exceptions import ClientError
 
 from tests.helpers import free_port, make_wheel, run_console, start_index, wait_for_port
+from wheelhouse import layout
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageError
 from wheelhouse.storage import open_storage
@@ -117,8 +119,8 @@ def test_the_policies_are_aws_policies() -> None:
     assert not any("s3:PutObject" in s["Action"] for s in web["Statement"])
 
 
-def test_the_readme_gives_the_same_policies() -> None:
-    security = (ROOT / "README.md").read_text().split("\n## Security\n", 1)[1].split("\n## ")[0]
+def test_the_security_docs_give_the_same_policies() -> None:
+    security = (ROOT / "docs" / "security.md").read_text()
     shown = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", security, re.S)]
     for role in ROLES:
         assert json.loads((POLICIES / f"{role}-policy.json").read_text()) in shown, role
@@ -144,7 +146,8 @@ def test_workers_publish_and_the_web_serves(policed_s3: PolicedS3, tmp_path: Pat
 
     with start_index(config, tmp_path, extra_env=policed_s3.keys["web"]) as url:
         assert requests.get(f"{url}/readyz", timeout=10).status_code == 200
-        page = requests.get(f"{url}/torch2.8-cu128/simple/demo-ext/", timeout=10)
+        page = requests.get(f"{url}/torch2.8-cu128/simple/demo-ext/", timeout=10,
+                            headers={"Accept": "application/vnd.pypi.simple.v1+json"})
         assert page.status_code == 200, url.access_log()
         [file] = page.json()["files"]
         href, sha256 = file["url"], file["hashes"]["sha256"]
@@ -186,3 +189,13 @@ def test_unknown_keys_are_refused(policed_s3: PolicedS3) -> None:
     with pytest.raises(ClientError) as err:
         stranger.list_objects_v2(Bucket=BUCKET)
     assert err.value.response["Error"]["Code"] in ("InvalidAccessKeyId", "AccessDenied", "403")
+
+
+def test_workers_may_write_everything_a_worker_writes(policed_s3: PolicedS3) -> None:
+    """Every prefix of the storage layout that a build writes, the compile cache's included
+    (which the policy once left out, so sharing it failed quietly)."""
+    worker = policed_s3.client("worker")
+    for prefix in layout.WORKER_WRITES:
+        key = f"index/{prefix}" if not prefix.endswith("/") else f"index/{prefix}probe"
+        worker.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    _denied(worker.put_object, Bucket=BUCKET, Key=f"index/{layout.QUARANTINE}probe", Body=b"x")

@@ -8,54 +8,15 @@ nothing is kept in this process.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wheelhouse.config import Config
+from wheelhouse.config import Config, RateLimit, ReadAuth
 from wheelhouse.tokens import TokenInfo, lookup_digest, verify_token
 
 if TYPE_CHECKING:
     from redis import Redis
-
-
-@dataclass(frozen=True)
-class ReadAuth:
-    """The parsed ``Config.auth`` setting."""
-
-    mode: str
-    """``open``, ``basic`` or ``token``."""
-    user: str = ""
-    password: str = ""
-
-    @classmethod
-    def parse(cls, text: str | None) -> ReadAuth:
-        value = (text or "").strip()
-        if value in ("", "off", "none"):
-            return cls("open")
-        if value == "token":
-            return cls("token")
-        kind, _, rest = value.partition(":")
-        user, sep, password = rest.partition(":")
-        if kind == "basic" and sep and user and password:
-            return cls("basic", user, password)
-        raise ValueError("WHEELHOUSE_AUTH must be 'basic:USER:PASSWORD', 'token' or empty")
-
-
-@dataclass(frozen=True)
-class RateLimit:
-    """At most ``count`` hits per fixed window of ``seconds``."""
-
-    count: int
-    seconds: int
-
-    @classmethod
-    def parse(cls, text: str) -> RateLimit:
-        m = re.fullmatch(r"\s*([0-9]{1,7})\s*/\s*([0-9]{1,7})\s*", text)
-        if m is None or int(m.group(2)) == 0:
-            raise ValueError(f"a rate limit looks like COUNT/SECONDS, e.g. 30/60; got {text!r}")
-        return cls(int(m.group(1)), int(m.group(2)))
 
 
 #: Where the counters of :class:`Windows` live in Redis.
@@ -105,8 +66,7 @@ class AuthSettings:
 
     @classmethod
     def from_config(cls, config: Config) -> AuthSettings:
-        return cls(read=ReadAuth.parse(config.auth), rate=RateLimit.parse(config.rate_limit),
-                   login_rate=RateLimit.parse(config.login_rate_limit))
+        return cls(read=config.read_auth, rate=config.build_rate, login_rate=config.login_rate)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from web import auth
 from web.builds import JOB_ID, build_view, submit
 from web.form import parse_request
 from web.services import services
-from wheelhouse.fleet import live_workers, servable
+from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.queue import cancel_build, get_build, log_since
 from wheelhouse.recipes import allowed_projects
 
@@ -79,7 +79,7 @@ def create_builds() -> Response:
                         "fields": req.errors, "status": 400})
         resp.status_code = 400
         return resp
-    results = submit(_conn(), svc.catalog, req.specs, rerun_failed=rerun)
+    results = submit(_conn(), svc.catalog, req.specs, rerun_failed=rerun, torch=svc.torch)
     builds = []
     for r in results:
         builds.append({
@@ -88,7 +88,8 @@ def create_builds() -> Response:
             "url": url_for("pages.build", job_id=r.job_id, _external=True),
             "api": url_for("api.build", job_id=r.job_id, _external=True),
         })
-    resp = jsonify({"builds": builds})
+    warnings = sorted({r.warning for r in results if r.warning})
+    resp = jsonify({"builds": builds, "warnings": warnings} if warnings else {"builds": builds})
     resp.status_code = 201 if any(r.created for r in results) else 200
     return _no_store(resp)
 
@@ -145,5 +146,8 @@ def workers() -> Response:
         item["cuda_versions"] = list(ad.cuda_versions)
         ads.append(item)
     pairs = sorted(servable(conn))
+    # Issue 21: versions a worker was told to provision and could not, with each reason.
+    unavailable = unavailable_reasons(live_workers(conn))
     return _no_store(jsonify({"workers": ads,
-                              "servable": [{"cuda": c, "machine": m} for c, m in pairs]}))
+                              "servable": [{"cuda": c, "machine": m} for c, m in pairs],
+                              "unavailable": unavailable}))

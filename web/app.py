@@ -7,7 +7,7 @@ import logging
 from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
-from web import api, auth, errors, files, guard, home, ops, pages, simple
+from web import admin, api, auth, errors, files, guard, home, ops, pages, simple, upload
 from web.fastpath import CachedPages
 from web.guard import RequestGuard
 from web.services import Services
@@ -18,7 +18,7 @@ from wheelhouse.storage import Storage
 log = logging.getLogger(__name__)
 
 #: The blueprints the app serves, in registration order.
-BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, pages.bp)
+BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, pages.bp, upload.bp, admin.bp)
 
 
 class _LazySessions(SecureCookieSessionInterface):
@@ -36,7 +36,9 @@ class _LazySessions(SecureCookieSessionInterface):
 
 def create_app(config: Config | None = None, *, storage: Storage | None = None) -> Flask:
     """Build the WSGI application; gunicorn runs ``web:create_app()``."""
-    svc = Services.create(config or Config.from_env(), storage)
+    config = config or Config.from_env()
+    files.check_modes(config)
+    svc = Services.create(config, storage)
     app = Flask(__name__)
     app.session_interface = _LazySessions()
     guard.configure(app)

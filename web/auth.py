@@ -158,8 +158,48 @@ def require_scope(scope: str) -> TokenInfo:
     return info
 
 
+def require_upload(variant_key: str) -> TokenInfo:
+    """The token an upload presents (the password of basic auth, as twine and uv send it with
+    username ``__token__``, or Bearer), which must allow ``upload`` into ``variant_key``.
+
+    A login session does not count: a browser's cookie must not publish for a cross-site form.
+    """
+    if services().redis is None:
+        raise ServiceUnavailable("uploads need API tokens, which live in the build queue's "
+                                 "Redis: this server has none (WHEELHOUSE_REDIS_URL is unset)")
+    if _presented() is None:
+        raise Unauthorized(
+            "uploading needs an API token with the upload scope: username __token__, the token "
+            "as password (create one with `wheelhouse token create NAME --scope upload`)",
+            www_authenticate=_challenge("Basic"))
+    info = current_token()
+    if info is None:
+        raise Unauthorized("invalid or revoked token (username __token__, the token as "
+                           "password)", www_authenticate=_challenge("Basic"))
+    if not info.allows("upload"):
+        raise Forbidden(f"token {info.name!r} lacks the 'upload' scope (create one with "
+                        "`wheelhouse token create NAME --scope upload`)")
+    if not info.allows_variant(variant_key):
+        raise Forbidden(f"token {info.name!r} may not upload to {variant_key} (it is limited "
+                        f"to {', '.join(info.variants)})")
+    return info
+
+
+def require_admin(variant_key: str | None) -> TokenInfo:
+    """An ``admin`` token (Bearer, basic or a login session with CSRF) that reaches the root
+    ``variant_key`` (every root it is limited to none, when None)."""
+    info = require_scope("admin")
+    if info.variants and (variant_key is None or not info.allows_variant(variant_key)):
+        where = variant_key or "every root"
+        raise Forbidden(f"token {info.name!r} may not act on {where} (it is limited to "
+                        f"{', '.join(info.variants)}); name a --variant it reaches")
+    return info
+
+
 def _challenge(scheme: str) -> WWWAuthenticate:
-    return WWWAuthenticate(scheme, {"realm": "wheelhouse"})
+    # The realm as a quoted string, as RFC 9110 (11.5) has senders write it: Werkzeug's own
+    # parameters would write a bare token (realm=wheelhouse), which some clients don't take.
+    return WWWAuthenticate(scheme, token='realm="wheelhouse"')  # noqa: S106 (not a secret)
 
 
 # -- CSRF --

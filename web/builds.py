@@ -13,8 +13,16 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from wheelhouse.buildspec import BuildSpec, queue_name
 from wheelhouse.catalog import Catalog, Record
-from wheelhouse.errors import InvalidBuildSpec
-from wheelhouse.queue import BuildState, BuildStatus, enqueue_build, finished_durations
+from wheelhouse.errors import InvalidBuildSpec, UnservableSpec
+from wheelhouse.fleet import explain_unservable
+from wheelhouse.queue import (
+    BuildState,
+    BuildStatus,
+    enqueue_build,
+    finished_durations,
+    get_build,
+)
+from wheelhouse.torchindex import TorchIndex
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -33,6 +41,8 @@ class Submitted:
     created: bool
     wheel: str | None = None
     """For a wheel already published: its file name (no job is made)."""
+    warning: str | None = None
+    """Set when the torch index could not be asked (the build was queued unchecked)."""
 
 
 def serves(spec: BuildSpec, filename: str) -> bool:
@@ -52,11 +62,12 @@ def published_for(catalog: Catalog, spec: BuildSpec) -> Record | None:
 
 
 def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
-           rerun_failed: bool = False) -> list[Submitted]:
+           rerun_failed: bool = False, torch: TorchIndex | None = None) -> list[Submitted]:
     """Enqueue each spec unless its wheel is published or its job exists.
 
     Raises :class:`UnservableSpec` when no live worker serves them (all specs of one request
-    share CUDA and CPU architecture, so that is all or none).
+    share CUDA and CPU architecture, so that is all or none), and :class:`TorchUnavailable` when
+    ``torch`` (the torch index check) answers that torch and CUDA does not exist.
     """
     out = []
     for spec in specs:
@@ -64,8 +75,18 @@ def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
         if record is not None:
             out.append(Submitted(spec, spec.job_id, BuildState.BUILT.value, False, record.filename))
             continue
+        warning = None
+        known = get_build(conn, spec.job_id) if torch is not None else None
+        again = known is None or (rerun_failed and known.state in (BuildState.FAILED,
+                                                                   BuildState.CANCELLED))
+        if torch is not None and again:  # only what would be queued
+            # After the fleet (cheap, and it names what would serve); before anything queues.
+            why = explain_unservable(conn, spec)
+            if why is not None:
+                raise UnservableSpec(why)
+            warning = torch.check(spec.torch, spec.cuda)
         done = enqueue_build(conn, spec, rerun_failed=rerun_failed)
-        out.append(Submitted(spec, done.job_id, done.state.value, done.created))
+        out.append(Submitted(spec, done.job_id, done.state.value, done.created, warning=warning))
     return out
 
 

@@ -121,8 +121,18 @@ class PageCache:
         return self._pages.bytes + self._other.bytes
 
 
+def etag_matches(header: str | None, etag: str) -> bool:
+    """Whether ``If-None-Match`` matches ``etag`` (quoted): ``*``, or any listed tag under
+    the weak comparison that RFC 9110 (13.1.2) prescribes for it (``W/"x"`` matches ``"x"``)."""
+    if header is None:
+        return False
+    if header.strip() == "*":
+        return True
+    return any(t.strip().removeprefix("W/") == etag for t in header.split(","))
+
+
 class FormatCache:
-    """``json`` or ``html`` by (Accept header, ``?format=``): clients send few distinct
+    """``json``, ``html`` or ``html-v1`` by (Accept header, ``?format=``): clients send few distinct
     headers, and the fast path must know the format without Flask's negotiation."""
 
     MAX = 512

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +64,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
 def serve(config: Config, host: str, port: int, workers: int, threads: int, access_log: bool,
           with_worker: bool) -> None:
     """Serve the index (and web pages) from the configured storage."""
+    _check_port(host, port)
     with contextlib.ExitStack() as stack:
         if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # prometheus_client's own setting, not ours: it picks its multiprocess mode from
@@ -72,6 +75,33 @@ def serve(config: Config, host: str, port: int, workers: int, threads: int, acce
         if with_worker:
             config = _start_single_box(stack, config)
         _serve(config, host, port, workers, threads, access_log)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse in one line, before anything starts or says "serving", an address gunicorn could
+    not bind (it would retry for seconds, then exit with a traceback-like log)."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # As gunicorn binds: SO_REUSEADDR, so only a listener (not TIME_WAIT) counts as in use.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                why = "is already in use; stop what listens there or choose another --port"
+            elif exc.errno == errno.EACCES:
+                why = "needs privileges this user lacks; choose a port above 1023"
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                why = "is not an address of this host; check --host"
+            else:
+                why = f"can't be listened on: {exc.strerror}"
+            raise click.ClickException(f"port {port} on {host} {why}") from None
 
 
 def _start_single_box(stack: contextlib.ExitStack, config: Config) -> Config:

@@ -22,12 +22,15 @@ from wheelhouse.errors import (
     DamagedFile,
     InvalidBuildSpec,
     InvalidProjectName,
+    InvalidUpload,
     InvalidVariant,
     InvalidWheel,
+    NothingPublished,
     QueueUnavailable,
     StorageError,
     TokenError,
     UnservableSpec,
+    UploadTooLarge,
     WheelhouseError,
 )
 
@@ -45,6 +48,9 @@ STATUS: list[tuple[type[Exception], int]] = [
     (InvalidVariant, 404),
     (InvalidProjectName, 404),
     (InvalidWheel, 404),
+    (UploadTooLarge, 413),
+    (InvalidUpload, 400),
+    (NothingPublished, 404),
     (AlreadyPublished, 409),
     (InvalidBuildSpec, 400),
     (UnservableSpec, 409),
@@ -72,6 +78,8 @@ def error_response(status: int, message: str) -> Response:
     exception): a page that can't be rendered, whatever the reason, falls back to plain text.
     """
     try:
+        if request.blueprint == "upload":
+            return _for_uploaders(status, message)
         if _wants_json():
             resp = jsonify({"error": message, "status": status})
             resp.status_code = status
@@ -82,6 +90,16 @@ def error_response(status: int, message: str) -> Response:
     except Exception:
         log.exception("could not render the %d page; answering in plain text", status)
     return Response(message + "\n", status=status, mimetype="text/plain")
+
+
+def _for_uploaders(status: int, message: str) -> Response:
+    """Plain text, and the message as the status line's reason phrase too: twine shows only
+    the reason phrase (PyPI answers the same way), uv the body."""
+    resp = Response(message + "\n", status=status, mimetype="text/plain")
+    line = "".join(c if c.isprintable() and ord(c) < 256 else "?"
+                   for c in " ".join(message.split())[:400])
+    resp.status = f"{status} {line}"
+    return resp
 
 
 def catalog_header(catalog: Catalog) -> str | None:

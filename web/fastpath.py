@@ -21,7 +21,7 @@ from typing import Any
 
 from packaging.utils import NormalizedName
 
-from web.caches import STATUS_LINES
+from web.caches import STATUS_LINES, etag_matches
 from web.errors import CATALOG_HEADER, catalog_header
 from web.files import IMMUTABLE, METADATA_SUFFIX
 from web.services import Services
@@ -86,7 +86,7 @@ class CachedPages:
             return None
         self.metrics.page_hit.inc()
         inm = environ.get("HTTP_IF_NONE_MATCH")
-        if inm is not None and (inm == page.etag or page.etag in _etags(inm)):
+        if etag_matches(inm, page.etag):
             status, body = 304, b""
             headers = [*page.headers]
         else:
@@ -118,7 +118,7 @@ class CachedPages:
         headers = [("ETag", etag), ("Cache-Control", IMMUTABLE), ("Accept-Ranges", "bytes"),
                    ("X-Request-ID", os.urandom(16).hex())]
         inm = environ.get("HTTP_IF_NONE_MATCH")
-        if inm is not None and (inm == etag or etag in _etags(inm)):
+        if etag_matches(inm, etag):
             status, body = 304, b""
         else:
             status = 200
@@ -128,6 +128,3 @@ class CachedPages:
         start_response(STATUS_LINES[status], headers)
         return [] if method == "HEAD" else [body]
 
-
-def _etags(header: str) -> list[str]:
-    return [t.strip().removeprefix("W/") for t in header.split(",")]

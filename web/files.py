@@ -4,6 +4,11 @@ A published file is served only as its record describes it: the stored wheel's s
 before the first byte is sent (a truncated or missing wheel answers 503, never a short 200 or a
 closed connection), and a ``.metadata`` body is hashed before it is served or kept.
 
+Wheel bytes avoid Python where they can: a local file (whole or one range) goes to the WSGI
+server's file wrapper, which gunicorn sends with ``sendfile``; behind nginx, Apache or
+lighttpd, ``WHEELHOUSE_LOCAL_FILE_MODE`` can hand the file to the proxy instead; S3 objects
+stream through, or clients are redirected to a presigned URL (``WHEELHOUSE_S3_FILE_MODE``).
+
 While the catalog's refresh fails, storage is known not to answer: what would need it answers
 503 at once instead of spending the storage timeouts (and a server thread) to learn it again;
 ``.metadata`` bodies already in memory are still served.
@@ -21,8 +26,10 @@ from werkzeug.datastructures import Range
 from werkzeug.exceptions import NotFound, RequestedRangeNotSatisfiable
 from werkzeug.wrappers import Response as BaseResponse
 
+from web.caches import etag_matches
 from web.services import services
 from wheelhouse.catalog import Record
+from wheelhouse.config import Config
 from wheelhouse.errors import DamagedFile, StorageError, StorageUnavailable
 from wheelhouse.storage import ByteStream
 from wheelhouse.variants import parse_variant
@@ -33,6 +40,14 @@ log = logging.getLogger(__name__)
 
 IMMUTABLE = "max-age=31536000, immutable, public"
 METADATA_SUFFIX = ".metadata"
+#: ``WHEELHOUSE_LOCAL_FILE_MODE``: the index sends local files (with the WSGI server's
+#: sendfile), or has the reverse proxy in front send them.
+LOCAL_FILE_MODES = ("sendfile", "x-accel-redirect", "x-sendfile")
+#: ``WHEELHOUSE_S3_FILE_MODE``: S3 objects stream through the index, or clients are
+#: redirected to a presigned URL.
+S3_FILE_MODES = ("stream", "redirect")
+#: Bytes per read where a server copies a file instead of sending it with sendfile.
+FILE_CHUNK = 1024 * 1024
 
 #: Opens bytes [start, stop) of the file to serve; HEAD opens an empty range.
 Opener = Callable[[int, int], Iterable[bytes]]
@@ -132,16 +147,56 @@ def _bounds(rng: Range, size: int) -> tuple[int, int] | None:
     return (start, stop) if start < stop else None
 
 
-def _serve(key: str, sha256: str, size: int, mimetype: str, open_: Opener) -> BaseResponse:
+def check_modes(config: Config) -> None:
+    """Refuse, at start-up, a file mode this module does not know."""
+    if config.local_file_mode not in LOCAL_FILE_MODES:
+        raise ValueError(f"WHEELHOUSE_LOCAL_FILE_MODE must be one of "
+                         f"{', '.join(LOCAL_FILE_MODES)}, got {config.local_file_mode[:40]!r}")
+    if config.s3_file_mode not in S3_FILE_MODES:
+        raise ValueError(f"WHEELHOUSE_S3_FILE_MODE must be one of {', '.join(S3_FILE_MODES)}, "
+                         f"got {config.s3_file_mode[:40]!r}")
+    prefix = config.accel_redirect_prefix
+    if config.local_file_mode == "x-accel-redirect" and not (
+            prefix.startswith("/") and prefix.endswith("/")):
+        raise ValueError(f"WHEELHOUSE_ACCEL_REDIRECT_PREFIX must start and end with /, "
+                         f"got {prefix[:100]!r}")
+
+
+def _handoff(key: str, headers: dict[str, str], mimetype: str,
+             open_: Opener) -> BaseResponse | None:
+    """Where the bytes come from elsewhere, the answer that sends the client there: a
+    presigned S3 URL, or a header that has the reverse proxy in front send the local file
+    (ranges are then the proxy's to answer). None where this index sends the bytes."""
     svc = services()
-    etag = f'"{sha256}"'
-    headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
-    if request.if_none_match.contains(sha256):
-        return Response(status=304, headers=headers)
-    if svc.config.s3_file_mode == "redirect" and mimetype == "application/octet-stream":
-        url = svc.storage.presigned_url(key, svc.config.presign_seconds)
+    config = svc.config
+    if config.s3_file_mode == "redirect":
+        url = svc.storage.presigned_url(key, config.presign_seconds)
         if url is not None:
             return redirect(url, 302)
+    if config.local_file_mode == "sendfile":
+        return None
+    path = svc.storage.local_path(key)
+    if path is None:
+        return None
+    body = open_(0, 0)  # checks the stored file's size before the proxy is sent to it
+    if isinstance(body, ByteStream):
+        body.close()
+    if config.local_file_mode == "x-accel-redirect":
+        headers["X-Accel-Redirect"] = config.accel_redirect_prefix + key
+    else:
+        headers["X-Sendfile"] = str(path)
+    return Response(b"", mimetype=mimetype, headers=headers)
+
+
+def _serve(key: str, sha256: str, size: int, mimetype: str, open_: Opener) -> BaseResponse:
+    etag = f'"{sha256}"'
+    headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
+    if etag_matches(request.headers.get("If-None-Match"), etag):
+        return Response(status=304, headers=headers)
+    if mimetype == "application/octet-stream":
+        handoff = _handoff(key, headers, mimetype, open_)
+        if handoff is not None:
+            return handoff
     start, stop, status = 0, size, 200
     rng = request.range
     if_range = request.headers.get("If-Range")
@@ -161,8 +216,16 @@ def _serve(key: str, sha256: str, size: int, mimetype: str, open_: Opener) -> Ba
             body.close()
         return Response(iter(()), status=status, mimetype=mimetype, headers=headers)
     body = open_(start, stop)
-    return Response(_logged(body, key) if isinstance(body, ByteStream) else body,
-                    status=status, mimetype=mimetype, headers=headers,
+    wrapper = request.environ.get("wsgi.file_wrapper")
+    if isinstance(body, ByteStream) and body.file is not None and wrapper is not None:
+        # The server's own file wrapper, passed through untouched: gunicorn then sends the
+        # range from the descriptor with sendfile, and Python never touches the bytes.
+        out: Iterable[bytes] = wrapper(body.file, FILE_CHUNK)
+    elif isinstance(body, ByteStream):
+        out = _logged(body, key)
+    else:
+        out = body
+    return Response(out, status=status, mimetype=mimetype, headers=headers,
                     direct_passthrough=True)
 
 

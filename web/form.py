@@ -21,9 +21,7 @@ from wheelhouse.buildspec import (
     normalize_machine,
     normalize_python,
 )
-from wheelhouse.config import Config
 from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
-from wheelhouse.recipes import recipe_dirs, recipe_projects
 from wheelhouse.variants import (
     KNOWN_ARCHS,
     KNOWN_CUDA,
@@ -37,11 +35,6 @@ SUGGESTED_TORCH: tuple[str, ...] = ("2.14", "2.10", "2.9", "2.8", "2.7", "2.6", 
 FIELDS = ("project", "version", "torch", "cuda", "python", "archs", "machine")
 #: The most builds one request may create (all Pythons of one variant).
 MAX_PYTHONS = len(KNOWN_PYTHONS)
-
-
-def recipe_list(config: Config) -> list[str]:
-    """Projects with a recipe of their own."""
-    return recipe_projects(recipe_dirs(config))
 
 
 # -- validating a request --

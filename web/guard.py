@@ -4,7 +4,9 @@
   a ``Host`` header that is not a host name, an IPv4 or an IPv6 literal with an optional port
   (Werkzeug would fail on it while building the request's URLs, even on the error page), and a
   URL whose percent-encoding is malformed or does not decode to UTF-8.
-- :func:`configure`: Flask's limits on request bodies and forms (413 past :data:`MAX_BODY`),
+- :func:`configure`: Flask's limits on request bodies and forms (413 past :data:`MAX_BODY`;
+  the upload routes of ``web.upload`` alone raise them, per request, to
+  ``WHEELHOUSE_UPLOAD_MAX_MIB`` before reading the body),
   and :class:`BoundedJSON`, which refuses JSON nested deeper than :data:`MAX_JSON_DEPTH`
   (Python's parser would recurse until a ``RecursionError``), with the reason in the 400.
 """

@@ -1,5 +1,5 @@
 """The front page: the variants, a copyable install command for each project in each, the URL
-snippet, and this version's README."""
+snippet, and this version's README and docs."""
 
 from __future__ import annotations
 
@@ -88,3 +88,33 @@ def readme() -> Response:
     if not text:
         raise NotFound("this installation carries no README")
     return Response(str(text), mimetype="text/plain")
+
+
+#: The docs: inside ``web`` once installed (package data, see pyproject), beside the packages
+#: in a clone or an editable install.
+_DOCS = (Path(__file__).resolve().parent / "docs", _SOURCE_README.parent / "docs")
+
+
+def _doc_pages() -> dict[str, Path]:
+    for directory in _DOCS:
+        if directory.is_dir():
+            return {p.name: p for p in directory.glob("*.md")}
+    return {}
+
+
+@bp.get("/docs/")
+def docs() -> Response:
+    """The docs this version carries, one name a line (``/docs/NAME``)."""
+    pages = _doc_pages()
+    if not pages:
+        raise NotFound("this installation carries no docs")
+    return Response("".join(f"{name}\n" for name in sorted(pages)), mimetype="text/plain")
+
+
+@bp.get("/docs/<name>")
+def doc(name: str) -> Response:
+    """One page of the docs (``docs/NAME`` of the README's links) as plain text."""
+    page = _doc_pages().get(name)  # only names listed there: nothing else is reachable
+    if page is None:
+        raise NotFound(f"no such page of the docs: {name}; /docs/ lists them")
+    return Response(page.read_text(encoding="utf-8"), mimetype="text/plain")

@@ -15,7 +15,6 @@ from packaging.utils import NormalizedName
 from packaging.version import Version
 
 from web.builds import serves
-from web.form import recipe_list
 from web.services import Services
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Record
@@ -62,7 +61,7 @@ def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
                                 cxx11abi=variant.cxx11abi, machine=cpu)
         if any(serves(spec, r.filename) for r in files):
             return None
-        if project not in recipe_list(svc.config):
+        if project not in svc.recipes:
             return None
         if not svc.redis.set(RATE_PREFIX + spec.job_id, "1", nx=True, ex=RATE_SECONDS):
             return None

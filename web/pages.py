@@ -19,14 +19,14 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import auth
 from web.api import base_url
 from web.builds import JOB_ID, build_view, spec_of, submit
-from web.form import SUGGESTED_TORCH, parse_request, recipe_list
-from web.matrix import build_matrix
+from web.form import SUGGESTED_TORCH, parse_request
+from web.matrix import build_matrix, newest_per_major
 from web.services import services
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
-from wheelhouse.errors import UnservableSpec
-from wheelhouse.fleet import live_workers, servable
+from wheelhouse.errors import TorchUnavailable, UnservableSpec
+from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
-from wheelhouse.recipes import allowed_projects, suggested_projects
+from wheelhouse.recipes import allowed_projects
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("pages", __name__)
@@ -121,9 +121,16 @@ def logout() -> BaseResponse:
 def matrix() -> str:
     svc = services()
     project = request.args.get("project") or None
-    projects = build_matrix(svc.catalog, svc.redis, project=project)
+    # One read of the fleet's adverts: the CUDA lines some live worker builds.
+    workers = live_workers(svc.redis) if svc.redis is not None else []
+    fleet_cuda = {c for ad in workers for c in ad.cuda_versions}
+    projects = build_matrix(svc.catalog, svc.redis, project=project,
+                            buildable_cuda=newest_per_major(fleet_cuda))
+    # The filter offers every project: those with a recipe and those the index hosts.
+    hosted = {str(r.project) for r in svc.catalog.all_records()}
     return render_template("matrix.html", projects=projects, selected=project,
-                           recipes=recipe_list(svc.config), queue=svc.redis is not None)
+                           recipes=sorted(set(svc.recipes) | hosted),
+                           queue=svc.redis is not None)
 
 
 # -- the request form --
@@ -139,7 +146,9 @@ def _fleet() -> tuple[set[tuple[str, str]], list[Any]]:
 def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
     svc = services()
     pairs, workers = _fleet()
-    suggestions = suggested_projects(svc.config)  # any other valid name may be typed
+    # The allowlist where there is one, else the projects with a recipe of their own; any
+    # other valid name may be typed.
+    suggestions: list[str] = [*sorted(allowed_projects(svc.config))] or sorted(svc.recipes)
     project = values.get("project") or (suggestions[0] if suggestions else "")
     # Versions are looked up for a name that is valid and allowed (never for arbitrary input).
     versions = (svc.versions.get(svc.router.default, project)
@@ -152,7 +161,7 @@ def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, A
         "torch_versions": SUGGESTED_TORCH, "cudas": KNOWN_CUDA, "servable_cuda": servable_cuda,
         "pairs": sorted(pairs), "machines": KNOWN_MACHINES,
         "servable_machines": sorted({m for _, m in pairs}), "pythons": KNOWN_PYTHONS,
-        "archs": KNOWN_ARCHS, "workers": workers,
+        "archs": KNOWN_ARCHS, "workers": workers, "unavailable": unavailable_reasons(workers),
     }
 
 
@@ -205,11 +214,14 @@ def request_submit() -> BaseResponse | tuple[str, int]:
         assert svc.redis is not None  # require_scope checked it
         try:
             submitted = submit(svc.redis, svc.catalog, req.specs,
-                               rerun_failed=rerun)
+                               rerun_failed=rerun, torch=svc.torch)
         except UnservableSpec as exc:
             req.errors["cuda"] = str(exc)
+        except TorchUnavailable as exc:
+            req.errors["torch"] = str(exc)
     if submitted is not None:
-        if len(submitted) == 1 and submitted[0].wheel is None:
+        # A build queued unchecked (torch index unreachable) stays on this page, which says so.
+        if len(submitted) == 1 and submitted[0].wheel is None and not submitted[0].warning:
             return redirect(url_for("pages.build", job_id=submitted[0].job_id), code=303)
         status = 200
     return render_template("request.html", **_form_context(req.values, req.errors),

@@ -19,8 +19,10 @@ from web.readiness import Probe, Readiness
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
+from wheelhouse.recipes import recipe_projects
 from wheelhouse.redisconn import queue_client
 from wheelhouse.storage import Storage, open_storage
+from wheelhouse.torchindex import TorchIndex
 from wheelhouse.upstream import Router
 
 if TYPE_CHECKING:
@@ -38,6 +40,8 @@ class Services:
     storage: Storage
     catalog: Catalog
     router: Router
+    recipes: frozenset[str]
+    """Projects with a recipe of their own, read once (every 404 and /matrix asks)."""
     redis: Redis | None
     """The build queue's Redis; None in index-only mode."""
     tokens: Tokens | None
@@ -50,6 +54,8 @@ class Services:
     versions: VersionsCache
     readiness: Readiness
     """What ``/readyz`` checks: storage, the catalog's refresh and (if configured) Redis."""
+    torch: TorchIndex | None = None
+    """The torch and CUDA check before a build queues; None when ``torch_check`` is off."""
 
     @classmethod
     def create(cls, config: Config, storage: Storage | None = None) -> Services:
@@ -64,7 +70,8 @@ class Services:
             config=config,
             storage=store,
             catalog=catalog,
-            router=Router(config.upstream, config.upstream_rules),
+            router=Router(config.upstream, config.upstream_routes),
+            recipes=frozenset(recipe_projects(config.extra_recipe_dirs)),
             redis=redis_conn,
             tokens=Tokens(redis_conn) if redis_conn is not None else None,
             auth=AuthSettings.from_config(config),
@@ -74,6 +81,7 @@ class Services:
             metadata=MetadataCache(),
             versions=VersionsCache(),
             readiness=_readiness(store, catalog, redis_conn),
+            torch=TorchIndex(config) if config.torch_check else None,
         )
 
     def install(self, app: Flask) -> None:

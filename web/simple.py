@@ -25,12 +25,12 @@ from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from web import onmiss
-from web.caches import Page, PageKey
-from web.form import recipe_list
+from web.caches import Page, PageKey, etag_matches
 from web.services import services
 from wheelhouse import variantwheels
 from wheelhouse.catalog import Record
 from wheelhouse.errors import InvalidProjectName
+from wheelhouse.ownership import pinned
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import parse_name, split_variant_label
 
@@ -38,14 +38,19 @@ bp = Blueprint("simple", __name__)
 
 JSON_V1 = "application/vnd.pypi.simple.v1+json"
 HTML_V1 = "application/vnd.pypi.simple.v1+html"
-_OFFERS = (JSON_V1, "application/vnd.pypi.simple.latest+json", HTML_V1,
-           "application/vnd.pypi.simple.latest+html", "text/html")
+# text/html first: a client that takes anything (``Accept: */*``, browsers, curl) gets HTML, as
+# PEP 691 advises; the PEP 691 types win whenever they are asked for by name.
+_OFFERS = ("text/html", JSON_V1, "application/vnd.pypi.simple.latest+json", HTML_V1,
+           "application/vnd.pypi.simple.latest+html")
+#: Format -> the concrete content type served: ``latest`` is answered with ``v1``.
+MIMETYPES = {"json": JSON_V1, "html-v1": HTML_V1, "html": "text/html"}
 API_VERSION = "1.1"
 MAX_PROJECT_LENGTH = 200
 
 
 def negotiate() -> str:
-    """``json`` or ``html`` from ``?format=`` or the Accept header that uv and pip send."""
+    """``json``, ``html-v1`` (PEP 691's HTML type, asked for by name) or ``html`` from
+    ``?format=`` or the Accept header that uv and pip send."""
     accept = request.headers.get("Accept", "")
     fmt_arg = request.args.get("format")
     formats = services().formats
@@ -54,11 +59,14 @@ def negotiate() -> str:
         return known
     if fmt_arg in (JSON_V1, "json"):
         fmt = "json"
-    elif fmt_arg in (HTML_V1, "text/html", "html"):
+    elif fmt_arg == HTML_V1:
+        fmt = "html-v1"
+    elif fmt_arg in ("text/html", "html"):
         fmt = "html"
     else:
         best = request.accept_mimetypes.best_match(_OFFERS, default="text/html")
-        fmt = "json" if best and best.endswith("+json") else "html"
+        fmt = ("json" if best and best.endswith("+json")
+               else "html-v1" if best and best.endswith("+html") else "html")
     formats.put(accept, fmt_arg, fmt)
     return fmt
 
@@ -77,8 +85,7 @@ def _project(name: str) -> NormalizedName:
 
 
 def _respond(page: Page) -> Response:
-    inm = request.headers.get("If-None-Match")
-    if inm is not None and (inm == page.etag or request.if_none_match.contains(page.etag[1:-1])):
+    if etag_matches(request.headers.get("If-None-Match"), page.etag):
         return Response(status=304, headers=page.headers)
     return Response(page.body, status=page.status, mimetype=page.mimetype,
                     headers=page.headers)
@@ -93,7 +100,7 @@ def _make_page(body: str | bytes, fmt: str, *, status: int = 200,
                ("Vary", "Accept")]
     if location is not None:
         headers.append(("Location", location))
-    mimetype = JSON_V1 if fmt == "json" else "text/html"
+    mimetype = MIMETYPES[fmt]
     return Page(data, etag, tuple(headers), mimetype, status)
 
 
@@ -136,17 +143,23 @@ def _root(variant_key: str) -> BaseResponse:
     return _respond(page)
 
 
+def _moved(location: str) -> BaseResponse:
+    """301 to the normal URL, with the query string (``?format=``) kept."""
+    query = request.query_string.decode("latin-1")
+    return redirect(location + ("?" + query if query else ""), 301)
+
+
 @bp.get("/<variant_key>/simple")
 def root_no_slash(variant_key: str) -> BaseResponse:
     _variant(variant_key)
-    return redirect(url_for("simple.root", variant_key=variant_key), 301)
+    return _moved(url_for("simple.root", variant_key=variant_key))
 
 
 @bp.get("/<variant_key>/simple/<name>")
 def project_no_slash(variant_key: str, name: str) -> BaseResponse:
     _variant(variant_key)
     project = _project(name)
-    return redirect(url_for("simple.project", variant_key=variant_key, name=project), 301)
+    return _moved(url_for("simple.project", variant_key=variant_key, name=project))
 
 
 @bp.get("/<variant_key>/simple/<name>/")
@@ -161,7 +174,7 @@ def project(variant_key: str, name: str) -> BaseResponse:
     variant = _variant(variant_key)
     normalized = _project(name)
     if normalized != name:
-        return redirect(url_for("simple.project", variant_key=variant_key, name=normalized), 301)
+        return _moved(url_for("simple.project", variant_key=variant_key, name=normalized))
     files = svc.catalog.files(variant, normalized)
     if svc.config.build_on_miss:
         _build_on_miss(variant, normalized, files)
@@ -169,7 +182,7 @@ def project(variant_key: str, name: str) -> BaseResponse:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
     else:
         elsewhere = svc.catalog.variants_of(normalized)
-        if elsewhere or _hosted(normalized):
+        if _owned(normalized):
             # Never upstream: the public index would hand the installer an sdist to compile
             # (or, for a name we host, a stranger's package). Not cached: the answer names
             # this server's address, and such misses are rare.
@@ -187,11 +200,15 @@ def _build_on_miss(variant: Variant, project: NormalizedName,
     onmiss.maybe_build(svc, variant, project, files, request.headers.get("User-Agent", ""))
 
 
-def _hosted(project: NormalizedName) -> bool:
-    """Whether ``project`` is this index's own: it has a recipe here, or was published here
-    in some variant. Only projects that are not are ever routed upstream."""
+def _owned(project: NormalizedName) -> bool:
+    """Whether ``project`` is this index's own, never sent upstream from any root: it has a
+    recipe here, the operator pins it, or it was published here and its upstream did not list
+    it then (``wheelhouse.ownership``). A project published here that the upstream lists is
+    sent there from roots that don't hold it."""
     svc = services()
-    return svc.catalog.ever_published(project) or project in recipe_list(svc.config)
+    if project in svc.recipes or pinned(svc.config, project):
+        return True
+    return svc.catalog.ever_published(project) and not svc.catalog.on_upstream(project)
 
 
 def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]) -> str:
@@ -208,8 +225,11 @@ def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]
         lines.append(f"  uv pip install --index-url {base_url}/{related[0].key}/simple {project}")
     if others:
         lines.append(f"Other variants with {project}: {', '.join(v.key for v in others)}.")
-    if not elsewhere and project in recipe_list(services().config):
+    if not elsewhere and project in services().recipes:
         lines.append(f"{project} has a recipe here but no wheel has been built yet.")
+    elif not elsewhere and pinned(services().config, project):
+        lines.append(f"{project} is private to this index (WHEELHOUSE_PRIVATE_PROJECTS) and "
+                     "nothing of it is published here.")
     elif not elsewhere:
         lines.append(f"{project} was published here, but storage lists no wheel of it now.")
     lines.append(f"This index does not send {project} to the public upstream, since it is "
@@ -295,7 +315,7 @@ def variant_project(name: str) -> BaseResponse:
         page = _make_page(_render_project(normalized, files, fmt, documents), fmt)
     else:
         elsewhere = svc.catalog.variants_of(normalized)
-        if elsewhere or _hosted(normalized):
+        if elsewhere or _owned(normalized):
             raise NotFound(_missing_variant_wheel(normalized, elsewhere))
         if svc.router.default is None:
             raise NotFound(f"{normalized} is not hosted here, and upstream routing is off")

@@ -1,15 +1,8 @@
 """The catalog: what is published, grouped for O(page) look-ups, cached in memory.
 
-Storage layout (every key below the storage root):
-
-- ``wheels/<base variant>/<project>/<file>``           the wheel
-- ``wheels/<base variant>/<project>/<file>.metadata``  its METADATA (PEP 658)
-- ``records/<base variant>/<project>/<file>.json``     the record; written last, so it *is*
-  the publication: only files with a record are listed
-- ``claims/<base variant>/<file>``                    who is publishing that name (see publish)
-- ``quarantine/<base variant>/<project>/<file>.json``  ``wheelhouse verify --quarantine``
-  found the stored files damaged: the record is not listed until republished
-- ``generation``                                       changes on every publication
+Storage layout: :mod:`wheelhouse.layout`. A record (``records/...json``, written last) *is* the
+publication: only files with a record are listed, and not while a ``quarantine/`` marker hides
+it; a ``yanks/`` marker lists it as yanked; ``generation`` changes on every publication.
 
 Each server process keeps the catalog in memory and re-reads ``generation`` at most every
 ``catalog_refresh_seconds``; when it changed, only records it hasn't seen yet are fetched.
@@ -23,6 +16,7 @@ refresh fails, readers keep the last good view, which :meth:`Catalog.state` then
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -30,102 +24,40 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.utils import BuildTag, NormalizedName, canonicalize_name, parse_wheel_filename
+from packaging.utils import BuildTag, NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
-from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.errors import StorageError, StorageUnavailable
+from wheelhouse.layout import (
+    GENERATION_KEY,
+    QUARANTINE,
+    RECORDS,
+    UPSTREAM,
+    YANKS,
+    quarantined_record_key,
+    yanked_record_key,
+)
+from wheelhouse.layout import Record as Record  # re-exported: Record lived here
 from wheelhouse.storage import Storage
-from wheelhouse.variants import Variant, parse_variant
+from wheelhouse.variants import Variant
 from wheelhouse.wheels import parse_name
 
 log = logging.getLogger(__name__)
 
-GENERATION_KEY = "generation"
-RECORDS = "records/"
-WHEELS = "wheels/"
-CLAIMS = "claims/"
-QUARANTINE = "quarantine/"
 #: Seconds between refreshes that readers' misses may ask for (:meth:`Catalog.catch_up`).
 CATCH_UP = 0.05
 
 
-def wheel_key(base: Variant, project: str, filename: str) -> str:
-    return f"{WHEELS}{base.key}/{project}/{filename}"
-
-
-def record_key(base: Variant, project: str, filename: str) -> str:
-    return f"{RECORDS}{base.key}/{project}/{filename}.json"
-
-
-def claim_key(base: Variant, filename: str) -> str:
-    return f"{CLAIMS}{base.key}/{filename}"
-
-
-def quarantine_key(rkey: str) -> str:
-    """The marker that hides the record stored under ``rkey``."""
-    return QUARANTINE + rkey.removeprefix(RECORDS)
-
-
-@dataclass(frozen=True)
-class Record:
-    """What publishing a wheel promises about it; serialized as the ``.json`` record.
-
-    In JSON the variant is its key and the build facts a plain object, so records written by
-    older versions read back unchanged.
-    """
-
-    filename: str
-    project: NormalizedName
-    version: str
-    variant: Variant
-    archs: tuple[str, ...] | None
-    sha256: str
-    size: int
-    metadata_sha256: str
-    requires_python: str | None
-    upload_time: str
-    yanked: bool | str = False
-    build: BuildFacts = field(default_factory=BuildFacts)
-    variant_label: str | None = None
-    """Set on the variant form of a wheel (:mod:`wheelhouse.variantwheels`): listed by the
-    plain root ``/simple/`` only, never by a variant root. Stored beside the wheel it was made
-    from (the same base variant)."""
-
-    @property
-    def wheel_key(self) -> str:
-        return wheel_key(self.variant.base, self.project, self.filename)
-
-    @property
-    def metadata_key(self) -> str:
-        return self.wheel_key + ".metadata"
-
-    @property
-    def key(self) -> str:
-        """Where this record itself is stored."""
-        return record_key(self.variant.base, self.project, self.filename)
-
-    def to_json(self) -> bytes:
-        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        data["variant"] = self.variant.key
-        data["archs"] = None if self.archs is None else list(self.archs)
-        data["build"] = self.build.to_dict()
-        if self.variant_label is None:
-            del data["variant_label"]  # so that servers older than variant wheels read it
-        return json.dumps(data, sort_keys=True, indent=1).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> Record:
-        data = json.loads(raw)
-        archs = data.get("archs")
-        data["archs"] = None if archs is None else tuple(archs)
-        data["project"] = canonicalize_name(data["project"])
-        data["variant"] = parse_variant(data["variant"])
-        data["build"] = BuildFacts.from_dict(data.get("build"))
-        return cls(**data)
+def yank_reason(raw: bytes) -> bool | str:
+    """A yank marker's value for :attr:`Record.yanked`: its reason, or True without one."""
+    try:
+        reason = json.loads(raw).get("reason")
+    except (ValueError, AttributeError):
+        reason = None
+    return reason if isinstance(reason, str) and reason else True
 
 
 def _dedupe_key(r: Record) -> tuple[str, frozenset[Any]]:
@@ -180,6 +112,10 @@ class _View:
     by_file: Mapping[tuple[str, str], Record]
     # project -> listed variant wheels (``/simple/``), by version
     by_label: Mapping[NormalizedName, list[Record]]
+    stamps: Mapping[str, float] = field(default_factory=dict)
+    """Each record key's stored time, as listed: a changed one is read again."""
+    on_upstream: frozenset[str] = frozenset()
+    """Projects whose upstream listed them when they were published (``ownership``)."""
 
     @property
     def listed(self) -> int:
@@ -187,12 +123,17 @@ class _View:
 
     @classmethod
     def build(cls, generation: str, records: dict[str, Record], unreadable: frozenset[str],
-              quarantined: frozenset[str]) -> _View:
+              quarantined: frozenset[str],
+              yanked: Mapping[str, bool | str] | None = None,
+              stamps: Mapping[str, float] | None = None,
+              on_upstream: frozenset[str] = frozenset()) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         by_label: dict[NormalizedName, list[Record]] = {}
         for key, rec in records.items():
             if key in quarantined:
                 continue
+            if yanked and key in yanked:
+                rec = dataclasses.replace(rec, yanked=yanked[key])
             if rec.variant_label is not None:
                 by_label.setdefault(rec.project, []).append(rec)
             else:
@@ -216,6 +157,8 @@ class _View:
                 **{(r.variant.base.key, r.filename): r for rs in by_label.values() for r in rs},
             },
             by_label=by_label,
+            stamps=stamps or {},
+            on_upstream=on_upstream,
         )
 
 
@@ -360,11 +303,15 @@ class Catalog:
         if previous is not None and generation == previous.generation:
             return previous
         self._progress = time.monotonic()
-        keys = {o.key for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
-        quarantined = frozenset(RECORDS + o.key.removeprefix(QUARANTINE)
+        stamps = {o.key: o.mtime for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
+        keys = set(stamps)
+        quarantined = frozenset(quarantined_record_key(o.key)
                                 for o in self.storage.list(QUARANTINE)) & keys
         known = previous.records if previous is not None else {}
-        records = {k: known[k] for k in keys if k in known}
+        # A record stored anew under a known key (deleted, then published again with other
+        # bytes) has a new time: read it again.
+        seen = previous.stamps if previous is not None else {}
+        records = {k: known[k] for k in keys if k in known and seen.get(k) == stamps[k]}
         unreadable = set(previous.unreadable & keys) if previous is not None else set()
         for key in sorted(keys - records.keys() - unreadable):
             self._progress = time.monotonic()
@@ -377,7 +324,25 @@ class Catalog:
                 # it, so it isn't re-read every refresh) rather than hide the whole catalog.
                 log.warning("skipping unreadable record %s: %s", key, exc)
                 unreadable.add(key)
-        return _View.build(generation, records, frozenset(unreadable), quarantined)
+        on_upstream = frozenset(o.key.removeprefix(UPSTREAM)
+                                for o in self.storage.list(UPSTREAM))
+        return _View.build(generation, records, frozenset(unreadable), quarantined,
+                           self._yanks(keys), stamps, on_upstream)
+
+    def _yanks(self, keys: set[str]) -> dict[str, bool | str]:
+        """Record key -> reason of every yank marker (few, small, and changed by yanking: read
+        whole on each new generation)."""
+        out: dict[str, bool | str] = {}
+        for o in self.storage.list(YANKS):
+            rkey = yanked_record_key(o.key)
+            if rkey not in keys:
+                continue
+            self._progress = time.monotonic()
+            try:
+                out[rkey] = yank_reason(self.storage.get_bytes(o.key))
+            except FileNotFoundError:
+                continue  # unyanked since the listing
+        return out
 
     def _current(self) -> _View:
         self.maybe_refresh()
@@ -418,6 +383,11 @@ class Catalog:
     def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
         r = self._current().by_file.get((base.key, filename))
         return r if r is not None and r.project == project else None
+
+    def on_upstream(self, project: NormalizedName) -> bool:
+        """Whether ``project``'s upstream listed it when it was published here (so roots
+        without it may send installers there)."""
+        return project in self._current().on_upstream
 
     def variant_projects(self) -> list[NormalizedName]:
         """Projects the plain root ``/simple/`` lists: those with a variant wheel."""

@@ -87,13 +87,26 @@ class _EntryPointGroup(click.Group):
 def main(ctx: click.Context) -> None:
     """wheelhouse: a self-hosted cache of prebuilt CUDA-extension wheels.
 
-    Settings come from WHEELHOUSE_* environment variables (the README lists them); a
+    Settings come from WHEELHOUSE_* environment variables (docs/configuration.md lists them); a
     command's options override them.
     """
     try:
         ctx.obj = Config.from_env()
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _storage_place(config: Config) -> tuple[str, bool]:
+    """Where ``config.storage`` is, in words a user can find (an absolute directory, or the S3
+    URL and endpoint), and whether it is a local directory that does not exist yet."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(config.storage)
+    if url.scheme == "s3":
+        at = f" at {config.s3_endpoint_url}" if config.s3_endpoint_url else ""
+        return f"{config.storage}{at}", False
+    path = Path(url.path if url.scheme == "file" else config.storage).resolve()
+    return str(path), not path.exists()
 
 
 @click.command()
@@ -109,18 +122,28 @@ def main(ctx: click.Context) -> None:
 def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: bool,
             archs: tuple[str, ...]) -> None:
     """Publish existing wheels into a variant's index."""
+    from wheelhouse.ownership import check_upstream
     from wheelhouse.publish import publish as do_publish
     from wheelhouse.storage import open_storage
     from wheelhouse.variants import normalize_arch, parse_variant
+    from wheelhouse.wheels import parse_name
 
     try:
         variant = parse_variant(variant_key)
         normalized = tuple(normalize_arch(a) for a in archs) or None
+        where, new_dir = _storage_place(config)
+        if new_dir:
+            click.echo(f"warning: {where} does not exist: creating a new, empty storage there "
+                       "(set WHEELHOUSE_STORAGE or --storage to the one your server reads)",
+                       err=True)
         storage = open_storage(config)
         for path in files:
+            # Remembered before the record, so every server sees it with the publication.
+            check_upstream(storage, config, parse_name(path.name).project, variant)
             rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized,
                              claim_timeout=config.publish_timeout)
-            click.echo(f"published {rec.filename} to {variant.key} (sha256 {rec.sha256})")
+            click.echo(f"published {rec.filename} to {variant.key} in {where} "
+                       f"(sha256 {rec.sha256})")
     except WheelhouseError as exc:
         raise click.ClickException(str(exc)) from None
 

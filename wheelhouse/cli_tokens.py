@@ -10,6 +10,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -57,12 +58,21 @@ def token() -> None:
 @click.argument("name")
 @click.option("--scope", "scopes", multiple=True, type=click.Choice(SCOPES),
               help=f"What the token may do (repeatable); default: {', '.join(DEFAULT_SCOPES)}.")
+@click.option("--variant", "variants", multiple=True,
+              help="Limit uploads, yanks and deletes to this index root (repeatable), e.g. "
+                   "torch2.14-cu130; default: every root.")
 @click.option("--replace", is_flag=True, help="Revoke an existing token of this name first.")
 @pass_config
-def token_create(config: Config, name: str, scopes: tuple[str, ...], replace: bool) -> None:
-    """Create a token called NAME and print it, once: it is stored only as a hash."""
+def token_create(config: Config, name: str, scopes: tuple[str, ...], variants: tuple[str, ...],
+                 replace: bool) -> None:
+    """Create a token called NAME and print it, once: it is stored only as a hash.
+
+    Scopes: build (request and cancel builds), read (read a private index), upload (twine
+    upload, uv publish), admin (yank, unyank, delete).
+    """
     try:
-        value = create_token(_redis(config), name, scopes or DEFAULT_SCOPES, replace=replace)
+        value = create_token(_redis(config), name, scopes or DEFAULT_SCOPES, replace=replace,
+                             variants=variants)
     except WheelhouseError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(value)
@@ -91,7 +101,8 @@ def token_list(config: Config) -> None:
     conn = _redis(config)
     for info in list_tokens(conn):
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(info.created_at))
-        click.echo(f"{info.name}\t{','.join(info.scopes)}\tcreated {created} UTC")
+        roots = f"\tvariants {','.join(info.variants)}" if info.variants else ""
+        click.echo(f"{info.name}\t{','.join(info.scopes)}\tcreated {created} UTC{roots}")
     legacy = legacy_token_keys(conn)
     if legacy:
         click.echo(f"note: Redis holds {legacy} key(s) of the earlier token format "
@@ -148,6 +159,13 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     already failed is not run again unless --retry is given: its reason is printed and the
     command exits 1.
     """
+    if requirement.endswith((".tar.gz", ".zip")) and Path(requirement).is_file():
+        # Not yet: the server builds what its upstream index publishes (issue 21 asks for an
+        # upload, within a size limit; the web holds no write access to storage today).
+        raise click.ClickException(
+            f"{requirement} is a local sdist: the server builds only from its upstream index; "
+            f"build it on a GPU host with `wheelhouse build {requirement} --torch {torch} "
+            f"--cuda {cuda} ...`")
     if not api_token:
         raise click.UsageError(f"no API token: set {TOKEN_ENV} (or pass --token)")
     try:
@@ -164,6 +182,8 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     if status >= 400:
         raise click.ClickException(f"{status}: {payload.get('error', payload)}")
     builds = payload.get("builds", [])
+    for warning in payload.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
     ended = {b["id"] for b in builds if b.get("state") in _ENDED_WITHOUT_WHEEL}
     for b in builds:
         if b["id"] in ended:

@@ -7,25 +7,104 @@ Defaults are defined once here; each can be overridden from the environment as
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import functools
 import itertools
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, get_args, get_type_hints
+
+from packaging.utils import NormalizedName, canonicalize_name
 
 ENV_PREFIX = "WHEELHOUSE_"
 
 DEFAULT_UPSTREAM = "https://pypi.org/simple/"
+#: ``Config.publish_timeout``'s default, for library callers that have no configuration.
+DEFAULT_PUBLISH_TIMEOUT = 3600
 DEFAULT_UPSTREAM_RULES = (
     "torch,torchvision,torchaudio,triton,pytorch-triton,nvidia-*"
     "=https://download.pytorch.org/whl/{cu}/"
 )
 
 
+
+# -- settings that are more than one value, parsed once (Config's typed views) --
+
+
+@dataclass(frozen=True)
+class ReadAuth:
+    """The parsed ``Config.auth`` setting."""
+
+    mode: str
+    """``open``, ``basic`` or ``token``."""
+    user: str = ""
+    password: str = ""
+
+    @classmethod
+    def parse(cls, text: str | None) -> ReadAuth:
+        value = (text or "").strip()
+        if value in ("", "off", "none"):
+            return cls("open")
+        if value == "token":
+            return cls("token")
+        kind, _, rest = value.partition(":")
+        user, sep, password = rest.partition(":")
+        if kind == "basic" and sep and user and password:
+            return cls("basic", user, password)
+        raise ValueError("must be 'basic:USER:PASSWORD', 'token' or empty")
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """At most ``count`` hits per fixed window of ``seconds``."""
+
+    count: int
+    seconds: int
+
+    @classmethod
+    def parse(cls, text: str) -> RateLimit:
+        m = re.fullmatch(r"\s*([0-9]{1,7})\s*/\s*([0-9]{1,7})\s*", text)
+        if m is None or int(m.group(2)) == 0:
+            raise ValueError(f"a rate limit looks like COUNT/SECONDS, e.g. 30/60; got {text!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+
+@dataclass(frozen=True)
+class Route:
+    """One upstream rule: projects matching ``patterns`` go to ``url``."""
+
+    patterns: tuple[str, ...]
+    url: str
+
+    def matches(self, project: NormalizedName) -> bool:
+        return any(fnmatch.fnmatchcase(project, p) for p in self.patterns)
+
+
+def parse_rules(text: str) -> tuple[Route, ...]:
+    routes = []
+    for chunk in text.split(";"):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        names, sep, url = chunk.partition("=")
+        if not sep or not url.strip():
+            raise ValueError(f"upstream rule {chunk!r} must look like name,name-*=URL")
+        patterns = tuple(canonicalize_name(n.strip()) if "*" not in n else n.strip().lower()
+                         for n in names.split(",") if n.strip())
+        if not patterns:
+            raise ValueError(f"upstream rule {chunk!r} names no project")
+        routes.append(Route(patterns, url.strip()))
+    return tuple(routes)
+
+
 @dataclass(frozen=True)
 class Config:
-    """All tunables. Field docstrings are the documentation the README table mirrors."""
+    """All tunables. Field docstrings are the documentation the settings table mirrors
+    (docs/configuration.md)."""
 
     storage: str = "./wheelhouse-data"
     """Where wheels live: a directory, or ``s3://bucket/prefix``."""
@@ -38,6 +117,15 @@ class Config:
 
     presign_seconds: int = 300
     """Lifetime of presigned URLs when ``s3_file_mode`` is ``redirect``."""
+
+    s3_public_endpoint_url: str | None = None
+    """S3 endpoint as clients reach it, for presigned URLs (when not ``s3_endpoint_url``)."""
+
+    local_file_mode: str = "sendfile"
+    """Local files: ``sendfile`` (the index sends them) or ``x-accel-redirect``/``x-sendfile``."""
+
+    accel_redirect_prefix: str = "/_wheelhouse_storage/"
+    """nginx ``internal`` location that maps to the storage directory (``x-accel-redirect``)."""
 
     upstream: str = DEFAULT_UPSTREAM
     """Default upstream simple index for projects not hosted here, or ``off`` to answer 404."""
@@ -77,6 +165,9 @@ class Config:
 
     torch_find_links: str = ""
     """Extra find-links for torch and its CUDA wheels (space-separated dirs/URLs, may use {cu})."""
+
+    torch_check: bool = True
+    """Check torch and CUDA against the torch index and find-links before a build is queued."""
 
     recipe_dirs: str = ""
     """Extra directories of recipe TOML files (``:``-separated), searched before the built-ins."""
@@ -135,8 +226,17 @@ class Config:
     storage_read_timeout: float = 5.0
     """Seconds S3 may stay silent during a request, per attempt, before storage counts as down."""
 
-    publish_timeout: int = 3600
+    publish_timeout: int = DEFAULT_PUBLISH_TIMEOUT
     """Seconds a publication may hold its file name; an older claim with no record is taken over."""
+
+    private_projects: str = ""
+    """Projects never sent upstream from any root (comma-separated, ``*`` globs), beside recipes."""
+
+    upload_max_mib: int = 2048
+    """Largest wheel ``twine upload`` / ``uv publish`` may send, in MiB (larger: 413)."""
+
+    upload_relabel: bool = False
+    """Relabel uploaded wheels that lack the root's local version label instead of refusing them."""
 
     allowed_projects: str = ""
     """Projects builds may be requested for (comma-separated); empty: any (generic recipe)."""
@@ -148,7 +248,13 @@ class Config:
     """Most one project's compile cache (per CUDA version) holds, on a worker and in storage."""
 
     toolkit_wheels: bool = True
-    """Install a CUDA toolkit from NVIDIA's wheels when no host toolkit matches torch's CUDA."""
+    """Provision CUDA 13.x toolkits from NVIDIA's wheels (12.x wheels hold no nvcc)."""
+
+    toolkit_redist_url: str = "https://developer.download.nvidia.com/compute/cuda/redist/"
+    """Base URL of NVIDIA's redistributable CUDA archives (or a mirror); empty: not used."""
+
+    toolkit_provision: str = ""
+    """CUDA versions a worker provisions and proves at start (``12.8 13.0``, ``auto``)."""
 
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
@@ -196,6 +302,52 @@ class Config:
         env.update(self.extra)
         return env
 
+    # -- typed views of the settings that are more than one value: parsed once, when the
+    # config is made, so that a bad value fails at start-up, naming its variable --
+
+    def __post_init__(self) -> None:
+        for view, setting in _VIEWS.items():
+            try:
+                getattr(self, view)
+            except ValueError as exc:
+                raise ValueError(f"{ENV_PREFIX}{setting.upper()}: {exc}") from None
+
+    @functools.cached_property
+    def read_auth(self) -> ReadAuth:
+        """``auth``: who may read the index."""
+        return ReadAuth.parse(self.auth)
+
+    @functools.cached_property
+    def build_rate(self) -> RateLimit:
+        """``rate_limit``: build-costing requests per token."""
+        return RateLimit.parse(self.rate_limit)
+
+    @functools.cached_property
+    def login_rate(self) -> RateLimit:
+        """``login_rate_limit``: failed token checks per client address."""
+        return RateLimit.parse(self.login_rate_limit)
+
+    @functools.cached_property
+    def upstream_routes(self) -> tuple[Route, ...]:
+        """``upstream_rules``, in order; the first that matches a project wins."""
+        return parse_rules(self.upstream_rules)
+
+    @functools.cached_property
+    def extra_recipe_dirs(self) -> tuple[Path, ...]:
+        """``recipe_dirs``, first one first; the built-in recipes are searched after them."""
+        return tuple(Path(d) for d in self.recipe_dirs.split(":") if d.strip())
+
+    @functools.cached_property
+    def allowed_project_names(self) -> frozenset[NormalizedName]:
+        """``allowed_projects``, normalized; empty means any project."""
+        names = self.allowed_projects.replace(",", " ").split()
+        return frozenset(canonicalize_name(n) for n in names)
+
+
+#: Config's typed views, and the setting each reads.
+_VIEWS = {"read_auth": "auth", "build_rate": "rate_limit", "login_rate": "login_rate_limit",
+          "upstream_routes": "upstream_rules", "extra_recipe_dirs": "recipe_dirs",
+          "allowed_project_names": "allowed_projects"}
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -237,7 +389,7 @@ def _number(kind: type[int] | type[float], raw: str, name: str) -> int | float:
 
 
 def documented_settings() -> list[tuple[str, str, str]]:
-    """(variable, default, description) for every setting, for the README and ``--help``."""
+    """(variable, default, description) for every setting, for the docs and ``--help``."""
     import ast
     import inspect
 

@@ -37,6 +37,23 @@ class AlreadyPublished(WheelhouseError, FileExistsError):
     """A different file was already published under the same name; published files are immutable."""
 
 
+class InvalidUpload(WheelhouseError, ValueError):
+    """An upload (twine, uv publish) that can't be published as sent: not a wheel, fields that
+    disagree with the file, a digest that does not match, a wheel without the root's label."""
+
+
+class UploadTooLarge(InvalidUpload):
+    """An upload larger than ``WHEELHOUSE_UPLOAD_MAX_MIB``."""
+
+
+class InvalidTarget(WheelhouseError, ValueError):
+    """What a yank, unyank or delete names is neither ``PROJECT==VERSION`` nor a wheel's name."""
+
+
+class NothingPublished(WheelhouseError, LookupError):
+    """A yank, unyank or delete names no published file."""
+
+
 class InvalidBuildSpec(WheelhouseError, ValueError):
     """A build request that names unknown or malformed values."""
 
@@ -97,6 +114,16 @@ class InfrastructureError(WheelhouseError, RuntimeError):
     """A failure outside the build itself (network, index, installer): worth retrying."""
 
 
+class ToolkitUnavailable(WheelhouseError, RuntimeError):
+    """A CUDA toolkit can't be provisioned from the configured sources (no such release, a
+    component missing, a checksum that does not match, an nvcc that does not answer): another
+    attempt gives the same answer, so it is never retried."""
+
+
+class TorchUnavailable(WheelhouseError, ValueError):
+    """The torch index has no build of the requested torch version for the requested CUDA."""
+
+
 class FailureKind(StrEnum):
     """Why a build failed; decides whether it is retried and what the user is told.
 
@@ -133,7 +160,7 @@ class FailureKind(StrEnum):
     retried."""
     SANDBOX_UNAVAILABLE = "sandbox-unavailable"
     """The worker could not set up the build sandbox for this build: nothing of the sdist ran
-    unsandboxed; not retried (the operator must fix the host, see the README's Security)."""
+    unsandboxed; not retried (the operator must fix the host, see docs/security.md)."""
 
     PATCH_FAILED = "patch-failed"
     """A recipe patch no longer applies to the sdist (it changed upstream): not retried."""

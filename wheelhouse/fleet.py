@@ -4,8 +4,9 @@ Each worker advertises its capabilities under ``wheelhouse:worker:<name>`` with 
 refreshes it (the heartbeat); a worker that dies simply expires. Queues are one per CUDA version
 and CPU architecture (``build-cu130-x86_64``). A toolkit serves every known CUDA version of its
 major version up to its own minor, since torch's extension builder only refuses a major
-mismatch and a newer nvcc of the same major builds for an older runtime. A worker that installs
-toolkits from NVIDIA's wheels (``worker.toolkit``) also serves every version it can install.
+mismatch and a newer nvcc of the same major builds for an older runtime. A toolkit a worker
+provisioned itself (``worker.toolkit``) counts only once its ``nvcc --version`` answered; a
+version it tried and could not provision is listed in ``unavailable`` with the reason.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ class WorkerAd:
     current_job: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     provisionable: tuple[str, ...] = ()
-    """CUDA versions it installs a toolkit for from NVIDIA's wheels when it has none."""
+    """CUDA versions whose toolkit it provisioned itself and proved (also in ``toolkits``)."""
+    unavailable: dict[str, str] = field(default_factory=dict)
+    """CUDA versions it was told to provision and could not, with the one-line reason."""
 
     @property
     def cuda_versions(self) -> tuple[str, ...]:
@@ -78,6 +81,8 @@ class WorkerAd:
         data["gpus"] = tuple(GpuInfo(**g) for g in data.get("gpus", []))
         data["queues"] = tuple(data.get("queues", []))
         data["provisionable"] = tuple(data.get("provisionable", []))
+        data["unavailable"] = {str(k): str(v) for k, v in
+                               dict(data.get("unavailable") or {}).items()}
         return cls(**data)
 
 
@@ -159,6 +164,17 @@ def servable(conn: Redis) -> set[tuple[str, str]]:
     return pairs
 
 
+def unavailable_reasons(workers: Iterable[WorkerAd]) -> dict[str, list[str]]:
+    """Why CUDA versions no worker offers are missing: each worker's reason, by version."""
+    offered = {c for ad in workers for c in ad.cuda_versions}
+    reasons: dict[str, list[str]] = {}
+    for ad in workers:
+        for cuda, why in ad.unavailable.items():
+            if cuda not in offered:
+                reasons.setdefault(cuda, []).append(f"{ad.name}: {why}")
+    return reasons
+
+
 def explain_unservable(conn: Redis, spec: BuildSpec) -> str | None:
     """None if a live worker serves ``spec``; else one line saying why not and what would."""
     workers = live_workers(conn)
@@ -168,9 +184,12 @@ def explain_unservable(conn: Redis, spec: BuildSpec) -> str | None:
         return (f"no build worker is running, so {spec.describe()} can't be built; "
                 "start one with `wheelhouse worker`")
     offered = sorted({f"CUDA {c} on {ad.machine}" for ad in workers for c in ad.cuda_versions})
+    tried = unavailable_reasons(workers).get(spec.cuda)
+    why = (f"; provisioning it failed on {tried[0]}" if tried else
+           f"; a worker provisions it at start when WHEELHOUSE_TOOLKIT_PROVISION names {spec.cuda}")
     return (f"no live worker can build for CUDA {spec.cuda} on {spec.machine} "
             f"(it needs a CUDA {spec.cuda.split('.')[0]}.x toolkit, "
-            f"{spec.cuda} or newer); the fleet offers: {', '.join(offered) or 'nothing'}")
+            f"{spec.cuda} or newer); the fleet offers: {', '.join(offered) or 'nothing'}{why}")
 
 
 def build_id_prefix(conn: Redis) -> str:

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from packaging.version import Version
 
-from wheelhouse.catalog import CLAIMS, RECORDS, WHEELS, Catalog, Record, record_key
-from wheelhouse.config import Config
+from wheelhouse.catalog import Catalog
+from wheelhouse.config import DEFAULT_PUBLISH_TIMEOUT
 from wheelhouse.errors import InvalidWheel
+from wheelhouse.layout import CLAIMS, LOGS, QUARANTINE, RECORDS, WHEELS, Record, record_key
 from wheelhouse.publish import bump_generation, read_claim
 from wheelhouse.storage import LocalStorage, Storage
 from wheelhouse.variants import Variant
@@ -38,7 +39,7 @@ def plan(
     *,
     leftover_age: float = 24 * 3600,
     keep_versions: int | None = None,
-    claim_timeout: float | None = None,
+    claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     now: float | None = None,
 ) -> list[Deletion]:
     """What :func:`apply` would delete.
@@ -47,12 +48,12 @@ def plan(
       (younger ones may belong to a publication in progress);
     - interrupted writes (temporary files, unfinished multipart uploads) as old;
     - orphan claims: a claim with no record, older than the publish timeout
-      (``claim_timeout``; ``Config.publish_timeout`` when None), whose publisher died;
+      (``claim_timeout``: the operator's ``Config.publish_timeout``), whose publisher died; at
+      once when its publisher ran on this host and no longer runs;
     - with ``keep_versions``, every file of versions older than the newest N per variant root
       and project (record first, so the index stops listing before the files go).
     """
     now = time.time() if now is None else now
-    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     catalog = Catalog(storage, refresh_seconds=0)
     catalog.refresh()
     records = [*catalog.all_records(), *catalog.quarantined()]
@@ -66,9 +67,11 @@ def plan(
     for obj in storage.list_partials():
         if now - obj.mtime > leftover_age:
             out.append(Deletion(obj.key, obj.size, upload, partial=True))
-    out.extend(_orphan_claims(storage, {r.key for r in records}, timeout, now))
+    out.extend(_orphan_claims(storage, {r.key for r in records}, claim_timeout, now))
     if keep_versions is not None:
-        out.extend(_prune(records, keep_versions))
+        # Logs and quarantine markers exist for some wheels only: list what is there.
+        sometimes = {o.key: o.size for prefix in (LOGS, QUARANTINE) for o in storage.list(prefix)}
+        out.extend(_prune(records, keep_versions, sometimes))
     return out
 
 
@@ -83,21 +86,24 @@ def _orphan_claims(storage: Storage, recorded: set[str], timeout: float,
             project = parse_name(split_variant_label(filename)[0]).project
         except InvalidWheel:
             project = None
-        if project is not None and f"{RECORDS}{base}/{project}/{filename}.json" in recorded:
+        if project is not None and record_key(base, project, filename) in recorded:
             continue
-        if project is not None and storage.exists(f"{RECORDS}{base}/{project}/{filename}.json"):
+        if project is not None and storage.exists(record_key(base, project, filename)):
             continue  # an unreadable record still holds its name
         with contextlib.suppress(FileNotFoundError):
             claim, tag = read_claim(storage, obj.key)
             age = now - claim.claimed_at
-            if age > timeout:
+            if age > timeout or claim.gone():
+                dead = ", its publisher no longer runs" if age <= timeout else ""
                 out.append(Deletion(obj.key, obj.size,
-                                    f"orphan claim ({claim.describe(now)}, no record)",
+                                    f"orphan claim ({claim.describe(now)}{dead}, no record)",
                                     tag=tag))
     return out
 
 
-def _prune(records: list[Record], keep: int) -> list[Deletion]:
+def _prune(records: list[Record], keep: int, sometimes: dict[str, int]) -> list[Deletion]:
+    """Every key of the records of versions older than the newest ``keep``
+    (:meth:`Record.keys`, record first); of ``sometimes`` only what is there."""
     groups: dict[tuple[Variant, str], list[Record]] = defaultdict(list)
     for r in records:
         # A variant wheel (``+pt214``) goes with the wheel it was made from: the same variant
@@ -108,14 +114,15 @@ def _prune(records: list[Record], keep: int) -> list[Deletion]:
         versions = sorted({Version(r.version).public for r in rs}, key=Version, reverse=True)
         doomed = set(versions[keep:])
         for r in rs:
-            if Version(r.version).public in doomed:
-                base = r.variant.base
-                out.append(Deletion(record_key(base, r.project, r.filename), 0,
-                                    f"older than the newest {keep} versions"))
-                out.append(Deletion(r.metadata_key, 0, f"metadata of pruned {r.filename}"))
-                out.append(Deletion(r.wheel_key, r.size, f"pruned {r.filename}"))
-                out.append(Deletion(f"{CLAIMS}{base.key}/{r.filename}", 0,
-                                    f"claim of pruned {r.filename}"))
+            if Version(r.version).public not in doomed:
+                continue
+            for key, what in r.keys().items():
+                if key.startswith((LOGS, QUARANTINE)) and key not in sometimes:
+                    continue
+                size = r.size if key == r.wheel_key else sometimes.get(key, 0)
+                why = (f"older than the newest {keep} versions" if key == r.key
+                       else f"{what} of pruned {r.filename}")
+                out.append(Deletion(key, size, why))
     return out
 
 

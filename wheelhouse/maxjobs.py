@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from wheelhouse import layout
 from wheelhouse.buildfacts import MaxJobs
 from wheelhouse.storage import Storage
 
@@ -98,7 +99,7 @@ def choose_max_jobs(
 
 
 def stats_key(recipe: str, cuda: str) -> str:
-    return f"stats/{recipe}-cu{cuda.replace('.', '')}.json"
+    return layout.stats_key(recipe, cuda)
 
 
 def _read_stats(storage: Storage, key: str) -> dict[str, Any]:

@@ -30,14 +30,13 @@ from pathlib import Path
 
 from wheelhouse import variantwheels
 from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.catalog import (
+from wheelhouse.config import DEFAULT_PUBLISH_TIMEOUT
+from wheelhouse.errors import AlreadyPublished, InvalidWheel, StorageError
+from wheelhouse.layout import (
     GENERATION_KEY,
     Record,
     claim_key,
-    quarantine_key,
 )
-from wheelhouse.config import Config
-from wheelhouse.errors import AlreadyPublished, InvalidWheel, StorageError
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
 from wheelhouse.wheels import (
@@ -86,6 +85,21 @@ class Claim:
                    host=str(raw.get("host", "")), pid=int(raw.get("pid", 0)),
                    claimed_at=float(raw.get("claimed_at", mtime)), by=raw.get("by"))
 
+    def gone(self) -> bool:
+        """Whether the publisher is known to be dead: it ran on this host under a pid that
+        no longer runs. (A pid reused since looks alive: the claim then waits to expire.)"""
+        if not self.host or self.host != socket.gethostname() or self.pid <= 0:
+            return False
+        if self.pid == os.getpid():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # alive, as another user
+        return False
+
     def describe(self, now: float) -> str:
         who = f"{self.by} " if self.by else ""
         where = f"on {self.host} (pid {self.pid}), " if self.host else ""
@@ -113,7 +127,7 @@ def publish(
     relabel_wheel: bool = False,
     archs: tuple[str, ...] | None = None,
     build: BuildFacts | None = None,
-    claim_timeout: float | None = None,
+    claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     by: str | None = None,
     variant_form: bool = True,
 ) -> Record:
@@ -123,11 +137,11 @@ def publish(
     implies its own. Publishing the same bytes twice is a no-op (and repairs a copy that
     ``wheelhouse verify --quarantine`` took out); different bytes under a published name raise
     :class:`AlreadyPublished`, since published files are immutable. ``claim_timeout`` is the
-    publish timeout (``Config.publish_timeout`` when None); ``by`` names the publisher in its
-    claim. With ``variant_form``, the wheel's variant form is published too (or repaired, for
-    bytes published before), for the plain root ``/simple/``: see :func:`publish_variant_form`.
+    operator's ``Config.publish_timeout`` (callers with a configuration pass it); ``by`` names
+    the publisher in its claim. With ``variant_form``, the wheel's variant form is published too
+    (or repaired, for bytes published before), for the plain root ``/simple/``: see
+    :func:`publish_variant_form`.
     """
-    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     name = parse_name(path.name)
     with tempfile.TemporaryDirectory(prefix="wheelhouse-publish-") as tmp:
         if relabel_wheel and (
@@ -163,11 +177,11 @@ def publish(
             .replace("+00:00", "Z"),
             build=build if build is not None else BuildFacts(),
         )
-        published = _write(storage, record, path, metadata, timeout, by)
+        published = _write(storage, record, path, metadata, claim_timeout, by)
         if published is record:
             bump_generation(storage)
         if variant_form:
-            publish_variant_form(storage, path, published, claim_timeout=timeout, by=by)
+            publish_variant_form(storage, path, published, claim_timeout=claim_timeout, by=by)
     return published
 
 
@@ -204,7 +218,7 @@ def _write(storage: Storage, record: Record, path: Path, metadata: bytes, timeou
 
 
 def publish_variant_form(storage: Storage, path: Path, source: Record, *,
-                         claim_timeout: float | None = None,
+                         claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
                          by: str | None = None) -> Record | None:
     """Publish the variant form (:mod:`wheelhouse.variantwheels`) of the published wheel
     ``source`` whose bytes are at ``path``; its record, or None where there is none to make.
@@ -214,7 +228,6 @@ def publish_variant_form(storage: Storage, path: Path, source: Record, *,
     stands: the first keeps the name, this one is logged and left out. Failures never undo
     the source's publication: they are logged, and ``wheelhouse variants backfill`` retries.
     """
-    timeout = Config().publish_timeout if claim_timeout is None else claim_timeout
     try:
         archs = variantwheels.archs_of(path, source.build)
         if not archs:
@@ -230,7 +243,7 @@ def publish_variant_form(storage: Storage, path: Path, source: Record, *,
                 metadata_sha256=hashlib.sha256(metadata).hexdigest(), yanked=False,
                 variant_label=label)
             try:
-                published = _write(storage, record, vpath, metadata, timeout, by)
+                published = _write(storage, record, vpath, metadata, claim_timeout, by)
             except AlreadyPublished as exc:
                 log.info("variant form of %s left out: %s", source.filename, exc)
                 return None
@@ -274,7 +287,9 @@ def _claim(storage: Storage, key: str, rkey: str, mine: Claim, timeout: float) -
         except FileNotFoundError:
             continue
         now = time.time()
-        expired = now - holder.claimed_at >= timeout
+        # A publisher that died on this host (a killed upload, a crashed CLI) is not waited
+        # for: its claim is taken over at once.
+        expired = now - holder.claimed_at >= timeout or holder.gone()
         if holder.sha256 == mine.sha256:
             if not expired:
                 return
@@ -287,10 +302,14 @@ def _claim(storage: Storage, key: str, rkey: str, mine: Claim, timeout: float) -
                 continue  # changed meanwhile: look again
         filename = key.rpartition("/")[2]
         if not expired:
+            left = timeout - (now - holder.claimed_at)
+            recover = (f"if that publisher on {holder.host} is gone, run `wheelhouse gc --apply` "
+                       "there to free the name at once, or " if holder.host
+                       and holder.host != socket.gethostname() else "")
             raise AlreadyPublished(
                 f"{filename} is being published with different contents "
-                f"(sha256 {holder.sha256[:12]}…, {holder.describe(now)}; the claim expires "
-                f"after {timeout:.0f}s); published files are immutable")
+                f"(sha256 {holder.sha256[:12]}…, {holder.describe(now)}); {recover}retry in "
+                f"{left:.0f}s, when the claim expires (WHEELHOUSE_PUBLISH_TIMEOUT)")
         existing = _read_record(storage, rkey)
         if existing is not None:
             raise _published(filename, existing)
@@ -323,7 +342,7 @@ def _repair(storage: Storage, record: Record, path: Path, metadata: bytes) -> No
     """Publishing the bytes of a published record again finishes what the first attempt may
     have left undone: the generation marker (a full disk or a storage outage right after the
     record) and, for a quarantined record, its files."""
-    marker = quarantine_key(record.key)
+    marker = record.quarantine_key
     if not storage.exists(marker):
         if _unannounced(storage, record):
             bump_generation(storage)

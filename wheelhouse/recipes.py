@@ -206,7 +206,7 @@ def parse_recipe(path: Path) -> Recipe:
 def recipe_dirs(config: Config) -> list[Path]:
     """The configured extra recipe directories (``WHEELHOUSE_RECIPE_DIRS``), first one first;
     the built-in recipes are searched after them."""
-    return [Path(d) for d in config.recipe_dirs.split(":") if d.strip()]
+    return list(config.extra_recipe_dirs)
 
 
 def _search_path(extra_dirs: Iterable[Path | str]) -> list[Path]:
@@ -247,8 +247,7 @@ def recipe_projects(extra_dirs: Iterable[Path | str] = ()) -> list[str]:
 def allowed_projects(config: Config) -> frozenset[NormalizedName]:
     """The projects builds may be requested for (``WHEELHOUSE_ALLOWED_PROJECTS``); empty means
     any project: those without a recipe of their own build with the generic one."""
-    names = config.allowed_projects.replace(",", " ").split()
-    return frozenset(canonicalize_name(n) for n in names)
+    return config.allowed_project_names
 
 
 def check_allowed(config: Config, project: str) -> None:
@@ -259,8 +258,3 @@ def check_allowed(config: Config, project: str) -> None:
             f"{project[:80]!r} is not built by this server; it builds "
             f"{', '.join(sorted(allowed))} (WHEELHOUSE_ALLOWED_PROJECTS)")
 
-
-def suggested_projects(config: Config) -> list[str]:
-    """What a request form offers: the allowlist where there is one, else the projects with a
-    recipe of their own (any other valid name is accepted too)."""
-    return sorted(allowed_projects(config)) or recipe_projects(recipe_dirs(config))

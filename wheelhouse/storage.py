@@ -21,7 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
 from wheelhouse.errors import StorageError, StorageUnavailable
@@ -59,14 +59,43 @@ class Tagged:
     tag: str
 
 
+class RangeFile:
+    """Bytes ``[start, stop)`` of an open file, as a file object a WSGI server's file wrapper
+    takes: a real descriptor positioned at ``start`` (gunicorn sends from the descriptor's
+    offset with ``sendfile``, as many bytes as the answer's ``Content-Length``), and a
+    ``read`` that never passes ``stop``, for servers that copy the file instead."""
+
+    def __init__(self, f: BinaryIO, start: int, stop: int) -> None:
+        self._f = f
+        f.seek(start)
+        self._left = max(stop - start, 0)
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def read(self, size: int = -1) -> bytes:
+        n = self._left if size < 0 else min(size, self._left)
+        data = self._f.read(n) if n > 0 else b""
+        self._left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self._f.close()
+
+
 class ByteStream:
     """An open read of part of an object whose whole size is known before any byte is read,
-    so that a server can refuse to start an answer it could not finish."""
+    so that a server can refuse to start an answer it could not finish.
 
-    def __init__(self, size: int, chunks: Iterator[bytes], close: Callable[[], None]) -> None:
+    ``file`` is the range as a :class:`RangeFile` where the backend has a local file (the
+    server may send it instead of iterating the stream; either way, close the stream)."""
+
+    def __init__(self, size: int, chunks: Iterator[bytes], close: Callable[[], None],
+                 file: RangeFile | None = None) -> None:
         self.size = size
         self._chunks = chunks
         self._close = close
+        self.file = file
 
     def __iter__(self) -> Iterator[bytes]:
         return self._chunks
@@ -145,6 +174,11 @@ class Storage(ABC):
 
     def presigned_url(self, key: str, seconds: int) -> str | None:
         """A short-lived direct URL, where the backend has such a thing."""
+        return None
+
+    def local_path(self, key: str) -> Path | None:
+        """The object's file on this host, where the backend is a directory (for a reverse
+        proxy to send it: X-Accel-Redirect, X-Sendfile)."""
         return None
 
     @abstractmethod
@@ -275,25 +309,25 @@ class LocalStorage(Storage):
     def open_range(self, key: str, start: int, stop: int) -> ByteStream:
         path = self._path(key)
         with self._errors("read", key):
-            f = path.open("rb")
+            # Unbuffered: the descriptor's offset is exactly where the range starts, which
+            # is where a server's sendfile begins.
+            f = path.open("rb", buffering=0)
         try:
             with self._errors("stat", key):
                 size = os.fstat(f.fileno()).st_size
+                file = RangeFile(f, max(start, 0), stop)
         except BaseException:
             f.close()
             raise
-        return ByteStream(size, self._read(f, key, start, stop), f.close)
+        return ByteStream(size, self._read(file, key), f.close, file)
 
-    def _read(self, f: Any, key: str, start: int, stop: int) -> Iterator[bytes]:
-        with self._errors("read", key), f:
-            f.seek(max(start, 0))
-            left = stop - start
-            while left > 0:
-                chunk = f.read(min(_CHUNK, left))
-                if not chunk:
-                    return
-                left -= len(chunk)
+    def _read(self, file: RangeFile, key: str) -> Iterator[bytes]:
+        with self._errors("read", key), contextlib.closing(file):
+            while chunk := file.read(_CHUNK):
                 yield chunk
+
+    def local_path(self, key: str) -> Path:
+        return self._path(key)
 
     def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
@@ -391,10 +425,13 @@ def _code(exc: Exception) -> str:
 
 
 class S3Storage(Storage):
-    def __init__(self, client: S3Client, bucket: str, prefix: str = "") -> None:
+    def __init__(self, client: S3Client, bucket: str, prefix: str = "", *,
+                 presign_client: S3Client | None = None) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        #: Signs the URLs clients are redirected to: one for the endpoint as clients reach it.
+        self.presign_client = presign_client if presign_client is not None else client
 
     def _key(self, key: str) -> str:
         return self.prefix + check_key(key)
@@ -526,7 +563,7 @@ class S3Storage(Storage):
     def presigned_url(self, key: str, seconds: int) -> str | None:
         full = self._key(key)
         with self._errors("presign", key):
-            return self.client.generate_presigned_url(
+            return self.presign_client.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": full}, ExpiresIn=seconds)
 
     def ping(self) -> None:
@@ -541,13 +578,15 @@ class S3Storage(Storage):
                 f"S3 bucket {self.bucket!r} is not reachable: {exc}") from None
 
 
-def make_s3_client(config: Config, *, policy: RetryPolicy = S3_REQUESTS) -> S3Client:
+def make_s3_client(config: Config, *, policy: RetryPolicy = S3_REQUESTS,
+                   endpoint_url: str | None = None) -> S3Client:
     """A boto3 S3 client from configuration and the usual ``AWS_*`` environment.
 
     ``policy`` sets botocore's attempts per request; each attempt waits at most
     ``storage_connect_timeout`` to connect and ``storage_read_timeout`` for each read (a
     ``policy.timeout`` overrides both). So a hung S3 costs a caller at most about
-    attempts x timeout, never botocore's default minute per attempt.
+    attempts x timeout, never botocore's default minute per attempt. ``endpoint_url``
+    replaces the configured endpoint (the public one, for presigning).
     """
     import boto3
     from botocore.config import Config as BotoConfig
@@ -562,7 +601,7 @@ def make_s3_client(config: Config, *, policy: RetryPolicy = S3_REQUESTS) -> S3Cl
         "read_timeout": read,
     }
     return boto3.client(
-        "s3", endpoint_url=config.s3_endpoint_url, config=BotoConfig(**opts)
+        "s3", endpoint_url=endpoint_url or config.s3_endpoint_url, config=BotoConfig(**opts)
     )
 
 
@@ -573,7 +612,9 @@ def open_storage(config: Config, *, s3_client: S3Client | None = None) -> Storag
         if not url.netloc:
             raise ValueError(f"WHEELHOUSE_STORAGE={config.storage!r} names no bucket")
         client = s3_client if s3_client is not None else make_s3_client(config)
-        return S3Storage(client, url.netloc, url.path)
+        public = config.s3_public_endpoint_url
+        presign = make_s3_client(config, endpoint_url=public) if public else None
+        return S3Storage(client, url.netloc, url.path, presign_client=presign)
     if url.scheme not in ("", "file"):
         raise ValueError(f"WHEELHOUSE_STORAGE={config.storage!r}: use a directory or s3://bucket")
     return LocalStorage(Path(url.path if url.scheme == "file" else config.storage).resolve())

@@ -1,12 +1,14 @@
-"""API tokens: who may request and cancel builds (and, on private indexes, read).
+"""API tokens: who may request and cancel builds, upload, yank and delete (and, on private
+indexes, read).
 
 A token is shown once, when created, and stored only as its SHA-256 digest: tokens are 256 bits
 of randomness, so a plain digest is as good as a slow hash and lets a request be checked with one
 Redis read. Every token lives in one Redis hash, ``wheelhouse:tokens``: digest (hex) -> JSON
-``{"name", "scopes", "created_at"}``. Checking a token, listing tokens and revoking one by name
-all read that hash and nothing else, so a token that authenticates is always listed and
-revocable (also one written into Redis by hand); a record whose name or scopes don't validate
-authenticates nothing and is not listed.
+``{"name", "scopes", "created_at"}`` and, for a token limited to some index roots,
+``"variants"`` (variant keys; absent or empty: every root). Checking a token, listing tokens
+and revoking one by name all read that hash and nothing else, so a token that authenticates
+is always listed and revocable (also one written into Redis by hand); a record whose name or
+scopes don't validate authenticates nothing and is not listed.
 
 Tokens of the format before this one (``wheelhouse:token:<digest>`` keys with a
 ``wheelhouse:token-name:<name>`` index) no longer authenticate: create them anew.
@@ -23,7 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wheelhouse.errors import TokenError
+from wheelhouse.errors import InvalidVariant, TokenError
+from wheelhouse.variants import parse_variant
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -32,8 +35,10 @@ if TYPE_CHECKING:
 TOKENS_KEY = "wheelhouse:tokens"
 #: Keys of the earlier format, which no longer authenticate (see the module's docstring).
 LEGACY_PATTERNS: tuple[str, ...] = ("wheelhouse:token:*", "wheelhouse:token-name:*")
-#: What a token may do. ``build`` requests and cancels builds; ``read`` reads a private index.
-SCOPES: tuple[str, ...] = ("build", "read")
+#: What a token may do. ``build`` requests and cancels builds; ``read`` reads a private index;
+#: ``upload`` publishes wheels with twine or uv; ``admin`` yanks, unyanks and deletes. Tokens
+#: made before ``upload`` and ``admin`` existed keep exactly the scopes they were given.
+SCOPES: tuple[str, ...] = ("build", "read", "upload", "admin")
 DEFAULT_SCOPES: tuple[str, ...] = ("build", "read")
 #: Every token starts with this, so that secret scanners and humans recognise one.
 TOKEN_MARK = "whk_"  # noqa: S105 (a public prefix)
@@ -51,9 +56,16 @@ class TokenInfo:
     created_at: float
     digest: str
     """SHA-256 of the token (hex): identifies it in sessions and rate-limit keys."""
+    variants: tuple[str, ...] = ()
+    """The index roots (variant keys) it may upload to, yank or delete in; empty: all."""
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes
+
+    def allows_variant(self, key: str) -> bool:
+        """Whether the token reaches the root ``key`` (its base limit covers narrowed roots)."""
+        return not self.variants or any(key == v or key.startswith(v + "-sm")
+                                         for v in self.variants)
 
 
 def digest(token: str) -> str:
@@ -77,18 +89,35 @@ def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
     return out
 
 
+def check_variants(keys: Iterable[str]) -> tuple[str, ...]:
+    """Variant keys a token is limited to, each valid and in its canonical spelling."""
+    out: list[str] = []
+    for key in keys:
+        try:
+            out.append(parse_variant(key).key)
+        except InvalidVariant as exc:
+            raise TokenError(f"--variant {key!r}: {exc}") from None
+    return tuple(dict.fromkeys(out))
+
+
 def create_token(
-    conn: Redis, name: str, scopes: Iterable[str] = DEFAULT_SCOPES, *, replace: bool = False
+    conn: Redis, name: str, scopes: Iterable[str] = DEFAULT_SCOPES, *, replace: bool = False,
+    variants: Iterable[str] = (),
 ) -> str:
     """Create a token called ``name`` and return it; this is the only time it is visible.
 
     A name that is taken raises :class:`TokenError` unless ``replace``, which revokes the old one.
+    ``variants`` limits what it uploads, yanks and deletes to those index roots.
     """
 
     check_name(name)
     wanted = check_scopes(scopes)
+    roots = check_variants(variants)
     token = TOKEN_MARK + secrets.token_urlsafe(32)
-    record = json.dumps({"name": name, "scopes": list(wanted), "created_at": time.time()})
+    fields: dict[str, object] = {"name": name, "scopes": list(wanted), "created_at": time.time()}
+    if roots:
+        fields["variants"] = list(roots)
+    record = json.dumps(fields)
 
     def create(pipe: Pipeline) -> None:
         # Under WATCH: two concurrent creates of one name end with one token.
@@ -124,8 +153,12 @@ def _info(raw: bytes | str, d: str) -> TokenInfo | None:
     """A record as it authenticates: only with a valid name and known scopes."""
     try:
         data = json.loads(raw)
+        roots = data.get("variants") or [] if isinstance(data, dict) else None
+        if not isinstance(roots, list) or not all(isinstance(v, str) for v in roots):
+            return None
         info = TokenInfo(name=check_name(data["name"]), scopes=check_scopes(data["scopes"]),
-                         created_at=float(data["created_at"]), digest=d)
+                         created_at=float(data["created_at"]), digest=d,
+                         variants=tuple(roots))
     except (ValueError, KeyError, TypeError):  # TokenError is a ValueError
         return None
     return info

@@ -12,7 +12,6 @@ hashes) from it, the request form the released versions.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import urllib.error
@@ -32,6 +31,7 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
+from wheelhouse.config import Route
 from wheelhouse.errors import UpstreamUnavailable
 from wheelhouse.variants import Variant
 
@@ -45,44 +45,19 @@ _SCHEMES = ("http", "https", "file")
 _SHA256 = re.compile(r"sha256=([0-9a-f]{64})")
 
 
-@dataclass(frozen=True)
-class Route:
-    patterns: tuple[str, ...]
-    url: str
-
-    def matches(self, project: NormalizedName) -> bool:
-        return any(fnmatch.fnmatchcase(project, p) for p in self.patterns)
-
-
-def parse_rules(text: str) -> tuple[Route, ...]:
-    routes = []
-    for chunk in text.split(";"):
-        chunk = chunk.strip()
-        if not chunk:
-            continue
-        names, sep, url = chunk.partition("=")
-        if not sep or not url.strip():
-            raise ValueError(f"upstream rule {chunk!r} must look like name,name-*=URL")
-        patterns = tuple(canonicalize_name(n.strip()) if "*" not in n else n.strip().lower()
-                         for n in names.split(",") if n.strip())
-        if not patterns:
-            raise ValueError(f"upstream rule {chunk!r} names no project")
-        routes.append(Route(patterns, url.strip()))
-    return tuple(routes)
-
-
 class Router:
     """Picks the upstream simple-index page for a project in a variant, or None when off."""
 
-    def __init__(self, default: str, rules: str) -> None:
+    def __init__(self, default: str, routes: tuple[Route, ...]) -> None:
         self.default = None if default.strip().lower() in ("", "off", "none") else default.strip()
-        self.routes = parse_rules(rules) if self.default is not None else ()
+        self.routes = routes if self.default is not None else ()
 
     @property
     def enabled(self) -> bool:
         return self.default is not None
 
-    def url_for(self, project: NormalizedName, variant: Variant) -> str | None:
+    def root_for(self, project: NormalizedName, variant: Variant) -> str | None:
+        """The upstream simple-index root that ``project`` is sent to from ``variant``'s root."""
         if self.default is None:
             return None
         root = self.default
@@ -90,7 +65,11 @@ class Router:
             if route.matches(project):
                 root = route.url.format(cu=variant.cu, cuda=variant.cuda, torch=variant.torch)
                 break
-        return f"{root.rstrip('/')}/{project}/"
+        return root
+
+    def url_for(self, project: NormalizedName, variant: Variant) -> str | None:
+        root = self.root_for(project, variant)
+        return None if root is None else f"{root.rstrip('/')}/{project}/"
 
 
 # -- the client --
@@ -148,7 +127,12 @@ def fetch_project(index_url: str, project: str, *, timeout: float = 60.0) -> Pro
     :class:`UpstreamUnavailable` when the index cannot be reached, answers another error, or
     sends something that is not a simple-index page.
     """
-    url = project_url(index_url, project)
+    return fetch_page(project_url(index_url, project), timeout=timeout)
+
+
+def fetch_page(url: str, *, timeout: float = 60.0) -> ProjectPage:
+    """The files the simple-index (or find-links) page at ``url`` lists; see
+    :func:`fetch_project`."""
     if urlsplit(url).scheme not in _SCHEMES:
         raise UpstreamUnavailable(f"refusing to fetch {url[:200]!r}: not an http(s) URL")
     request = urllib.request.Request(  # noqa: S310 (scheme checked above)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from wheelhouse.catalog import Catalog, Record, quarantine_key
+from wheelhouse.catalog import Catalog
+from wheelhouse.layout import Record
 from wheelhouse.publish import bump_generation
 from wheelhouse.storage import Storage
 
@@ -133,10 +134,10 @@ def quarantine(storage: Storage, report: Report) -> tuple[int, int]:
                  for p in report.problems if p.record.key == record.key]
         marker = {"record": record.key, "sha256": record.sha256, "found_at": now,
                   "problems": found}
-        storage.put_bytes(quarantine_key(record.key), json.dumps(marker, indent=1).encode())
+        storage.put_bytes(record.quarantine_key, json.dumps(marker, indent=1).encode())
         added += 1
     for record in report.repaired:
-        storage.delete(quarantine_key(record.key))
+        storage.delete(record.quarantine_key)
     if added or report.repaired:
         bump_generation(storage)
     return added, len(report.repaired)

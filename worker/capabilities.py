@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
@@ -137,7 +137,9 @@ class Capabilities:
     toolkits: tuple[ToolkitInfo, ...]
     gpus: tuple[GpuInfo, ...]
     provisionable: tuple[str, ...] = ()
-    """CUDA versions whose toolkit this worker installs from NVIDIA's wheels when needed."""
+    """CUDA versions whose toolkit this worker provisioned and proved (``worker.toolkit``)."""
+    unavailable: dict[str, str] = field(default_factory=dict)
+    """CUDA versions it was told to provision and could not, with why."""
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -148,15 +150,17 @@ class Capabilities:
             name=name, hostname=socket.gethostname(), machine=self.machine, cores=self.cores,
             memory_bytes=self.memory_bytes, toolkits=self.toolkits, gpus=self.gpus,
             queues=self.queues, started_at=started_at, provisionable=self.provisionable,
+            unavailable=dict(self.unavailable),
         )
 
 
 def discover(
     environ: Mapping[str, str] | None = None, roots: Iterable[Path] = DEFAULT_ROOTS,
-    provisionable: Iterable[str] = (),
+    provisionable: Iterable[str] = (), unavailable: Mapping[str, str] | None = None,
 ) -> Capabilities:
     """What this host can build; ``roots`` should include where provisioned toolkits are kept,
-    ``provisionable`` the CUDA versions it may install (``worker.toolkit.provisionable_cuda``)."""
+    ``provisionable`` the versions provisioned and proved there (``worker.toolkit.prepare``),
+    ``unavailable`` those that could not be, with why."""
     return Capabilities(
         machine=machine(),
         cores=usable_cores(),
@@ -164,4 +168,5 @@ def discover(
         toolkits=tuple(discover_toolkits(environ, roots)),
         gpus=tuple(discover_gpus()),
         provisionable=tuple(provisionable),
+        unavailable=dict(unavailable or {}),
     )

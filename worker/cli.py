@@ -6,7 +6,9 @@ The worker's life cycle lives in ``worker.lifecycle``, the console output of a l
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shutil
 import socket
 import sys
 import time
@@ -17,7 +19,13 @@ import click
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, InvalidBuildSpec, SandboxUnavailable, WheelhouseError
+from wheelhouse.errors import (
+    BuildFailed,
+    InvalidBuildSpec,
+    InvalidVariant,
+    SandboxUnavailable,
+    WheelhouseError,
+)
 from wheelhouse.fleet import live_workers
 from wheelhouse.recipes import check_allowed
 
@@ -33,20 +41,35 @@ def worker_command(config: Config, name: str | None, burst: bool,
     """Build wheels from the queues this host can serve (CUDA version x CPU architecture)."""
     from worker.capabilities import DEFAULT_ROOTS, discover
     from worker.lifecycle import default_name, run_worker, select_queues
-    from worker.toolkit import provisionable_cuda, toolkit_root
+    from worker.toolkit import Sources, prepare, toolkit_root, wanted_versions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not config.redis_url:
         raise click.ClickException("WHEELHOUSE_REDIS_URL is not set; a worker needs Redis")
-    caps = discover(roots=(*DEFAULT_ROOTS, toolkit_root(config)),
-                    provisionable=provisionable_cuda() if config.toolkit_wheels else ())
+    root = toolkit_root(config)
+    roots = (*DEFAULT_ROOTS, root)
+    try:
+        wanted = wanted_versions(config.toolkit_provision)
+    except InvalidVariant as exc:
+        raise click.ClickException(f"WHEELHOUSE_TOOLKIT_PROVISION: {exc}") from None
+    caps = discover(roots=roots)
+    # Advertise only what works: a toolkit to provision counts once it is installed and its
+    # nvcc answered (proof kept in the workspace, so later starts reuse it at once).
+    prepared = prepare(wanted, caps.toolkits, root,
+                       Sources.from_config(config, uv=shutil.which("uv") or "uv"),
+                       say=click.echo)
+    if prepared.provisioned:
+        caps = discover(roots=roots)
+    ours = tuple(t.cuda for t in caps.toolkits if Path(t.home).is_relative_to(root))
+    caps = dataclasses.replace(caps, provisionable=ours, unavailable=prepared.unavailable)
     queues = select_queues(caps, only_cuda)
     if not queues:
         found = ", ".join(f"{t.cuda} ({t.home})" for t in caps.toolkits) or "none"
         raise click.ClickException(
             f"this host can serve no build queue: CUDA toolkits found: {found}")
     name = name or default_name()
-    wheels = f", CUDA from wheels: {' '.join(caps.provisionable)}" if caps.provisionable else ""
+    wheels = (f", provisioned CUDA {' '.join(caps.provisionable)}" if caps.provisionable
+              else "")
     click.echo(f"wheelhouse worker {name}: {caps.machine}, {caps.cores} cores, "
                f"{caps.memory_bytes / 1024**3:.1f} GiB, toolkits "
                f"{', '.join(t.release for t in caps.toolkits) or 'none'}{wheels}, GPUs "
@@ -176,3 +199,5 @@ def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
         click.echo(f"{ad.name}  {ad.hostname} {ad.machine}  {ad.cores} cores  "
                    f"{ad.memory_bytes / 1024**3:.0f} GiB  toolkits {toolkits}  "
                    f"queues {' '.join(ad.queues)}  {job}  beat {now - ad.heartbeat_at:.0f}s ago")
+        for cuda, why in sorted(ad.unavailable.items()):
+            click.echo(f"  not offered: CUDA {cuda}: {why}")

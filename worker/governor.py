@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import psutil
 
 from worker.compilecache import SERVER_MARK
-from worker.reaper import BuildProcess
+from worker.reaper import BuildProcess, signal_group_quietly, signal_quietly
 
 HORIZON = 1.0
 """Seconds ahead the governor projects the running jobs' growth (two ticks at 2 Hz)."""
@@ -205,8 +205,8 @@ class MemoryGovernor:
 
     def _signal(self, job: _Job, sig: signal.Signals) -> bool:
         if not job.members:
-            return _killpg(job.pgid, sig)
-        return any([_kill(pid, sig) for pid in job.members])
+            return signal_group_quietly(job.pgid, sig)
+        return any([signal_quietly(pid, sig) for pid in job.members])
 
     def _pause(self, job: _Job) -> None:
         if self._signal(job, signal.SIGSTOP):
@@ -224,22 +224,6 @@ class MemoryGovernor:
         for job in self._jobs.values():
             if job.paused:
                 self._resume(job)
-
-
-def _kill(pid: int, sig: signal.Signals) -> bool:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _killpg(pgid: int, sig: signal.Signals) -> bool:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 _OOM_PATTERNS = re.compile(

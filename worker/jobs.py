@@ -16,7 +16,9 @@ from wheelhouse.queue import append_log, cancel_requested
 from wheelhouse.stats import record_build
 from wheelhouse.storage import open_storage
 from worker import build
+from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Progress, Reporter
 from worker.reaper import become_subreaper
+from worker.steps.publish import log_key
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 PROGRESS_SAVE_INTERVAL = 1.0
 
 
-class RedisReporter(build.Reporter):
+class RedisReporter(Reporter):
     """Reports into the RQ job's meta and the live log list; a Redis hiccup never fails a build."""
 
     def __init__(self, conn: Redis, job: Job) -> None:
@@ -51,15 +53,24 @@ class RedisReporter(build.Reporter):
         except RedisError as exc:
             log.warning("could not save progress of %s: %s", self.job.id, exc)
 
-    def phase(self, name: str) -> None:
-        self.job.meta["phase"] = name
-        self._save(force=True)
+    def report(self, event: BuildEvent) -> None:
+        match event:
+            case PhaseBegan(name):
+                self.job.meta["phase"] = name
+                self._save(force=True)
+            case Progress(done, total):
+                self.job.meta["progress"] = [done, total]
+                self._save()
+            case LogLines(lines):
+                self._append_log(list(lines))
+            case Measured(facts):
+                self.job.meta["build"] = facts.to_dict()
+                if facts.max_jobs is not None:
+                    self.job.meta.update(max_jobs=facts.max_jobs.jobs,
+                                         max_jobs_reason=facts.max_jobs.reason)
+                self._save(force=True)
 
-    def progress(self, done: int, total: int) -> None:
-        self.job.meta["progress"] = [done, total]
-        self._save()
-
-    def lines(self, lines: list[str]) -> None:
+    def _append_log(self, lines: list[str]) -> None:
         from redis.exceptions import RedisError
 
         try:
@@ -69,10 +80,6 @@ class RedisReporter(build.Reporter):
         if self._dirty:
             self._save()
 
-    def note(self, **fields: Any) -> None:
-        self.job.meta.update(fields)
-        self._save(force=True)
-
     def should_cancel(self) -> bool:
         from redis.exceptions import RedisError
 
@@ -80,10 +87,6 @@ class RedisReporter(build.Reporter):
             return cancel_requested(self.conn, self.job.id)
         except RedisError:
             return False
-
-    def facts(self, facts: BuildFacts) -> None:
-        self.job.meta["build"] = facts.to_dict()
-        self._save(force=True)
 
     def finish(self, **fields: Any) -> None:
         self.job.meta.update(fields)
@@ -125,7 +128,7 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
     except BuildFailed as exc:
         facts = exc.facts or BuildFacts()
         reporter.finish(phase="failed", failure={"kind": exc.kind.value, "reason": exc.reason},
-                        log_key=build.log_key(spec), build=facts.to_dict())
+                        log_key=log_key(spec), build=facts.to_dict())
         _count(job.connection, exc.kind.value, facts)
         raise
     if not result.already_published:

@@ -29,6 +29,7 @@ from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
 from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
 from wheelhouse.retry import WORKER_RECONNECT
+from worker.reaper import pid_alive
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -99,23 +100,13 @@ def _build_worker_class() -> type[Any]:
     return BuildWorker
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _live_names(conn: Redis) -> set[str]:
     """Workers that are alive: a current advert, and on this host a running process."""
     host = socket.gethostname()
     names = set()
     for ad in live_workers(conn):
         pid = ad.extra.get("pid")
-        if ad.hostname == host and isinstance(pid, int) and not _pid_alive(pid):
+        if ad.hostname == host and isinstance(pid, int) and not pid_alive(pid):
             continue
         names.add(ad.name)
     return names
@@ -165,7 +156,7 @@ def live_builds_on_host(conn: Redis, *, exclude: str) -> set[str]:
         if ad.name == exclude or ad.hostname != host or not ad.current_job:
             continue
         pid = ad.extra.get("pid")
-        if isinstance(pid, int) and not _pid_alive(pid):
+        if isinstance(pid, int) and not pid_alive(pid):
             continue  # its advert hasn't expired yet, but the worker is gone
         live.add(ad.current_job)
     return live
@@ -342,7 +333,7 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
 def _wait_for_horse(rq_worker: Any, say: Callable[[str], None]) -> None:
     """Let a build RQ's loop left running finish first: this host runs one build at a time."""
     pid = int(rq_worker.horse_pid or 0)
-    if pid and _pid_alive(pid):
+    if pid and pid_alive(pid):
         say(f"waiting for the build still running in process {pid}")
         try:
             os.waitpid(pid, 0)

@@ -201,11 +201,32 @@ def _reap_zombie(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _signal(pid: int, sig: signal.Signals) -> bool:
+def signal_quietly(pid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to a process that may be gone (or no longer ours); whether it was sent."""
     try:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         return False
+    return True
+
+
+def signal_group_quietly(pgid: int, sig: signal.Signals) -> bool:
+    """Send ``sig`` to a process group that may be gone; whether it was sent."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (someone else's counts: signal 0 is refused)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     return True
 
 
@@ -239,10 +260,10 @@ def _kill_loop(
         grace_end = min(start + grace, end)
         while procs:
             for key in procs:
-                if key not in signalled and _signal(key[0], signal.SIGTERM):
+                if key not in signalled and signal_quietly(key[0], signal.SIGTERM):
                     signalled.add(key)
                     # A stopped process would hold the TERM pending until resumed.
-                    _signal(key[0], signal.SIGCONT)
+                    signal_quietly(key[0], signal.SIGCONT)
             if time.monotonic() >= grace_end:
                 break
             time.sleep(0.05)
@@ -257,7 +278,7 @@ def _kill_loop(
         if "SIGKILL" not in signals:
             signals.append("SIGKILL")
         for key in procs:
-            if _signal(key[0], signal.SIGKILL):
+            if signal_quietly(key[0], signal.SIGKILL):
                 signalled.add(key)
         if cgroup is not None:
             cgroups.kill(cgroup)

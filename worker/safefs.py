@@ -424,3 +424,9 @@ def _remove_below(parent: int, name: str) -> None:
     finally:
         for _, _, fd in stack:
             os.close(fd)
+
+
+def discard_tree(path: Path) -> None:
+    """:func:`remove_tree`, best effort (what is left is found by the next build's sweep)."""
+    with contextlib.suppress(OSError):
+        remove_tree(path)

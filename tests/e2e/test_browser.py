@@ -56,7 +56,7 @@ def shots(artifacts_dir: Path) -> Path:
 def _config(tmp_path: Path, redis_url: str, upstream: str) -> Config:
     return Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "work"),
                   redis_url=redis_url, upstream=upstream, upstream_rules="",
-                  recipe_dirs=str(FIXTURE_RECIPES), torch_index_url="",
+                  recipe_dirs=str(FIXTURE_RECIPES), torch_index_url="", torch_check=False,
                   torch_find_links=TORCH_FIND_LINKS, catalog_refresh_seconds=0.5,
                   worker_heartbeat_seconds=2, build_timeout=1500)
 

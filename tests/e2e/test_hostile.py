@@ -45,8 +45,8 @@ from wheelhouse import queue as q
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.fleet import live_workers
 from wheelhouse.storage import make_s3_client
-from worker.build import log_key
 from worker.sandbox import Sandbox
+from worker.steps.publish import log_key
 
 pytestmark = [
     pytest.mark.sandbox,

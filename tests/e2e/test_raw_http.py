@@ -29,7 +29,6 @@ from wheelhouse.tokens import create_token
 ANSWER_WITHIN = 10.0
 #: Random requests sent after the table.
 EXAMPLES = 150
-_seen: Counter[str] = Counter()
 
 
 def _request(line: bytes, *headers: bytes, body: bytes = b"") -> bytes:
@@ -119,9 +118,20 @@ def index(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
     create_token(conn, "raw")
     conn.close()
     config = Config(storage=str(tmp / "data"), redis_url=url, upstream="off",
-                    login_rate_limit="100000/60")
+                    login_rate_limit="100000/60", torch_check=False)
     with start_index(config, tmp) as served:
         yield served
+
+
+@pytest.fixture(scope="module")
+def seen(artifacts_dir: Path) -> Iterator[Counter[str]]:
+    """The statuses the raw requests got, written to ``fuzz-raw.json`` once the module's tests
+    are done, whichever ran and in whatever order."""
+    statuses: Counter[str] = Counter()
+    yield statuses
+    (artifacts_dir / "fuzz-raw.json").write_text(json.dumps(
+        {"requests": sum(statuses.values()), "statuses": dict(sorted(statuses.items()))},
+        indent=1))
 
 
 def _exchange(index: IndexURL, raw: bytes) -> bytes:
@@ -143,13 +153,13 @@ def _exchange(index: IndexURL, raw: bytes) -> bytes:
     return answer
 
 
-def _judge(what: str, raw: bytes, answer: bytes) -> None:
+def _judge(seen: Counter[str], what: str, raw: bytes, answer: bytes) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     status_line = head.split(b"\r\n", 1)[0]
     parts = status_line.split(b" ", 2)
     assert len(parts) >= 2 and parts[0].startswith(b"HTTP/1."), (what, raw[:200], answer[:300])
     status = int(parts[1])
-    _seen[str(status)] += 1
+    seen[str(status)] += 1
     assert status < 500 or status == 503, (what, raw[:200], answer[:500])
     if status >= 400 and not raw.startswith(b"HEAD "):
         assert body.strip(), (what, answer[:300])  # says why
@@ -159,8 +169,9 @@ def _judge(what: str, raw: bytes, answer: bytes) -> None:
 
 
 @pytest.mark.parametrize("what", list(TABLE))
-def test_raw_oddities_get_a_4xx_or_an_answer(index: IndexURL, what: str) -> None:
-    _judge(what, TABLE[what], _exchange(index, TABLE[what]))
+def test_raw_oddities_get_a_4xx_or_an_answer(index: IndexURL, seen: Counter[str],
+                                             what: str) -> None:
+    _judge(seen, what, TABLE[what], _exchange(index, TABLE[what]))
 
 
 _target = st.binary(min_size=1, max_size=300).map(
@@ -182,18 +193,12 @@ _path = st.sampled_from([b"/", b"/matrix", b"/login", b"/api/builds", b"/api/wor
        body=st.binary(max_size=500))
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
-def test_random_raw_requests(index: IndexURL, method: bytes, target: bytes,
+def test_random_raw_requests(index: IndexURL, seen: Counter[str], method: bytes, target: bytes,
                              headers: list[tuple[bytes, bytes]], body: bytes) -> None:
     lines = [name + b": " + value for name, value in headers]
     if not any(name == b"Host" for name, _ in headers):
         lines.insert(0, b"Host: wheels.test")
     raw = _request(method + b" " + target + b" HTTP/1.1", *lines,
                    b"Content-Length: %d" % len(body), b"Connection: close", body=body)
-    _judge("random", raw, _exchange(index, raw))
+    _judge(seen, "random", raw, _exchange(index, raw))
 
-
-def test_write_what_was_seen(artifacts_dir: Path) -> None:
-    """Runs last in this module: the statuses the raw requests got."""
-    (artifacts_dir / "fuzz-raw.json").write_text(json.dumps(
-        {"requests": sum(_seen.values()), "statuses": dict(sorted(_seen.items()))}, indent=1))
-    assert sum(_seen.values()) >= len(TABLE)

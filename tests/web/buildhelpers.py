@@ -22,7 +22,9 @@ GOOD = {"project": "flash-attn", "version": "2.8.3", "torch": "2.8", "cuda": "12
 
 def make_app(redis_url: str, tmp_path: Path, **overrides: Any) -> Flask:
     settings: dict[str, Any] = {"storage": str(tmp_path / "data"), "redis_url": redis_url,
-                                "catalog_refresh_seconds": 0.0, "upstream": "off"}
+                                "catalog_refresh_seconds": 0.0, "upstream": "off",
+                                # No network here: the torch check is tested with a fake index.
+                                "torch_check": False}
     config = Config(**(settings | overrides))
     app = create_app(config)
     app.testing = True

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
-from redis import Redis
 
 from tests.helpers import free_port, make_wheel
 from web import create_app
@@ -19,12 +18,6 @@ from wheelhouse.storage import LocalStorage, S3Storage, Storage, make_s3_client,
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"
-
-
-@pytest.fixture
-def conn(redis_url: str) -> Redis:
-    """A client of this test's own Redis database."""
-    return Redis.from_url(redis_url)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
 
-from tests.helpers import make_wheel
+from tests.helpers import free_port, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, token
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.publish import publish
@@ -52,6 +52,31 @@ def test_request_creates_one_build_per_python_and_finds_them_again(
     assert again.status_code == 200
     assert [b["id"] for b in again.json["builds"]] == [b["id"] for b in builds]
     assert not any(b["created"] for b in again.json["builds"])
+
+
+def test_torch_and_cuda_are_checked_before_a_build_queues(
+        redis_url: str, tmp_path: Path, conn: Redis, tok: str) -> None:
+    """Issue 21: a torch version the torch index lacks is refused in one line, nothing queued;
+    an index that does not answer is said, and the build queued unchecked."""
+    from tests.wheelhouse.test_torchindex import FakeTorchIndex
+
+    with serve_http(FakeTorchIndex) as index:
+        client = make_app(redis_url, tmp_path, torch_check=True,
+                          torch_index_url=index + "/{cu}").test_client()
+        resp = client.post("/api/builds", json={**GOOD, "torch": "2.88"}, headers=bearer(tok))
+        assert resp.status_code == 400
+        assert resp.json["error"].startswith("torch 2.88 has no build for CUDA 12.8 at http://")
+        assert resp.json["error"].endswith("; nearest: 2.9, 2.8")
+        assert client.post("/api/builds", json=GOOD, headers=bearer(tok)).status_code == 201
+    refused = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.88", cuda="12.8",
+                               archs=["90"])
+    assert get_build(conn, refused.job_id) is None  # nothing queued
+    closed = make_app(redis_url, tmp_path, torch_check=True,
+                      torch_index_url=f"http://127.0.0.1:{free_port()}/{{cu}}").test_client()
+    resp = closed.post("/api/builds", json={**GOOD, "python": ["3.12"]}, headers=bearer(tok))
+    assert resp.status_code == 201
+    [warning] = resp.json["warnings"]
+    assert "was not checked" in warning and "WHEELHOUSE_TORCH_INDEX_URL" in warning
 
 
 def test_archs_may_be_omitted_for_the_recipe_default(client: FlaskClient, tok: str) -> None:
@@ -148,6 +173,22 @@ def test_workers_lists_the_fleet(client: FlaskClient, tok: str) -> None:
     assert {"cuda": "12.8", "machine": "x86_64"} in data["servable"]
     assert {"cuda": "12.1", "machine": "x86_64"} in data["servable"]  # older minor of 12.x
     assert {"cuda": "13.0", "machine": "x86_64"} not in data["servable"]
+    assert data["unavailable"] == {}
+
+
+def test_workers_say_why_a_version_is_not_offered(client: FlaskClient, conn: Redis) -> None:
+    """Issue 21: a version a worker could not provision is not offered, and the API says why
+    (the form: ``test_pages``)."""
+    from dataclasses import replace
+
+    from wheelhouse.fleet import advertise
+
+    ad = advertise_worker(conn, name="gpu-2")
+    why = "no CUDA 13.0 release at http://mirror/ (no redistrib_13.0.0.json)"
+    advertise(conn, replace(ad, unavailable={"13.0": why}), ttl=120)
+    data = client.get("/api/workers").json
+    assert data["unavailable"] == {"13.0": [f"gpu-2: {why}"]}
+    assert [w["unavailable"] for w in data["workers"] if w["name"] == "gpu-2"] == [{"13.0": why}]
 
 
 def test_without_redis_the_api_says_so(tmp_path: Path) -> None:

@@ -94,7 +94,7 @@ def test_bad_token_names_are_refused(conn: Redis, name: str) -> None:
 
 def test_unknown_scopes_are_refused(conn: Redis) -> None:
     with pytest.raises(TokenError, match="scope"):
-        create_token(conn, "x", ["admin"])
+        create_token(conn, "x", ["root"])
 
 
 def test_token_cli_prints_once_and_revokes(
@@ -112,6 +112,13 @@ def test_token_cli_prints_once_and_revokes(
     gone = runner.invoke(main, ["token", "revoke", "alice"])
     assert gone.exit_code == 0 and verify_token(conn, tok) is None
     assert runner.invoke(main, ["token", "revoke", "alice"]).exit_code == 1
+    ci = runner.invoke(main, ["token", "create", "ci", "--scope", "upload", "--scope", "admin",
+                              "--variant", "torch2.14-cu130"])
+    assert ci.exit_code == 0, ci.output
+    info = verify_token(conn, ci.stdout.strip())
+    assert info is not None and info.scopes == ("upload", "admin")
+    assert info.variants == ("torch2.14-cu130",)
+    assert "ci\tupload,admin\t" in runner.invoke(main, ["token", "list"]).stdout
 
 
 # -- API auth --

@@ -13,8 +13,9 @@ from flask.testing import FlaskClient
 
 from tests.helpers import make_wheel
 from tests.web.conftest import VARIANT, Outage
-from wheelhouse.catalog import CATCH_UP, Record, wheel_key
+from wheelhouse.catalog import CATCH_UP, Record
 from wheelhouse.config import Config
+from wheelhouse.layout import wheel_key
 from wheelhouse.storage import open_storage
 from wheelhouse.variants import parse_variant
 
@@ -239,3 +240,42 @@ def test_a_file_another_worker_just_listed_is_served(app_config: Config, tmp_pat
     for suffix in (".metadata", ""):
         resp = worker_b.get(_url(record) + suffix)
         assert resp.status_code == 200, suffix
+
+
+@pytest.mark.parametrize("mode", ["x-accel-redirect", "x-sendfile"])
+def test_proxy_modes_check_the_stored_size_and_leave_s3_alone(
+    app_config: Config, published: list[Record], mode: str
+) -> None:
+    """A proxy is sent only to a file whose size is its record's; S3 objects, which no proxy
+    can read from a path, still stream."""
+    from web import create_app
+
+    r = published[0]
+    client = create_app(app_config.replace(local_file_mode=mode)).test_client()
+    resp = client.get(_url(r), headers={"Range": "bytes=0-99"})
+    storage = open_storage(app_config)
+    if storage.local_path(r.wheel_key) is None:
+        assert resp.status_code == 206 and len(resp.data) == 100
+        assert "X-Accel-Redirect" not in resp.headers and "X-Sendfile" not in resp.headers
+        return
+    assert resp.status_code == 200 and resp.data == b""
+    assert ("X-Accel-Redirect" in resp.headers) == (mode == "x-accel-redirect")
+    assert ("X-Sendfile" in resp.headers) == (mode == "x-sendfile")
+    storage.put_bytes(r.wheel_key, storage.get_bytes(r.wheel_key)[:-1])
+    resp = client.get(_url(r))
+    assert resp.status_code == 503
+    assert f"is {r.size - 1} bytes in storage, {r.size} in its record" in resp.get_data(True)
+
+
+@pytest.mark.parametrize(("setting", "value", "message"), [
+    ("local_file_mode", "nginx", "WHEELHOUSE_LOCAL_FILE_MODE must be one of sendfile"),
+    ("s3_file_mode", "presign", "WHEELHOUSE_S3_FILE_MODE must be one of stream, redirect"),
+    ("accel_redirect_prefix", "internal", "WHEELHOUSE_ACCEL_REDIRECT_PREFIX must start and end"),
+])
+def test_unknown_file_modes_are_refused_at_start(tmp_path: Path, setting: str, value: str,
+                                                 message: str) -> None:
+    from web import create_app
+
+    config = Config(storage=str(tmp_path / "data"), local_file_mode="x-accel-redirect")
+    with pytest.raises(ValueError, match=message):
+        create_app(config.replace(**{setting: value}))

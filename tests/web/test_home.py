@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
+import pytest
 from flask.testing import FlaskClient
 from redis import Redis
+from setuptools import find_packages
 
 from tests.helpers import make_wheel
 from tests.web.buildhelpers import make_app
@@ -96,3 +105,65 @@ def test_with_a_build_queue_sign_in_is_offered(redis_url: str, tmp_path: Path,
     client = make_app(redis_url, tmp_path).test_client()
     assert ">Sign in<" in client.get("/").text
     assert client.get("/login").status_code == 200
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_docs_are_served_as_the_readme_links_them(tmp_path: Path) -> None:
+    _, client = _index_only(tmp_path)
+    listed = client.get("/docs/").text.split()
+    assert sorted(p.name for p in (ROOT / "docs").glob("*.md")) == listed
+    readme = client.get("/readme").text
+    for name in listed:
+        page = client.get(f"/docs/{name}")
+        assert page.status_code == 200 and page.mimetype == "text/plain"
+        assert page.text == (ROOT / "docs" / name).read_text()
+    linked = set(re.findall(r"\]\(docs/([\w.-]+\.md)", readme))
+    assert linked and linked <= set(listed)
+    for missing in ("nope.md", "..%2FREADME.md", "%2E%2E", "security"):
+        assert client.get(f"/docs/{missing}").status_code == 404
+
+
+def test_every_package_is_in_the_wheel() -> None:
+    """pyproject lists the packages (docs/ travels as ``web.docs``): none may be left out."""
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = find_packages(str(ROOT), include=["wheelhouse*", "web*", "worker*"])
+    assert set(found) <= set(listed), "add the new package to [tool.setuptools] packages"
+
+
+@pytest.mark.slow
+def test_an_installed_wheel_serves_its_readme_and_docs(tmp_path: Path) -> None:
+    """Installed from a wheel (built from the sdist, as an index would), not from a clone: the
+    README comes from the distribution's metadata, the docs from package data."""
+    uv = shutil.which("uv")
+    git = shutil.which("git")
+    if uv is None or git is None or not (ROOT / ".git").exists():
+        pytest.skip("needs uv, git and a git checkout")
+    source = tmp_path / "source"  # a copy of the working tree: the build leaves nothing here
+    files = subprocess.run([git, "ls-files", "-c", "-o", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in files:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    subprocess.run([uv, "build", "-q", "-o", str(tmp_path / "dist"), str(source)], check=True)
+    site = tmp_path / "site"
+    with zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))) as wheel:
+        wheel.extractall(site)
+    code = (
+        "import sys, web\n"
+        "from wheelhouse.config import Config\n"
+        "assert web.__file__.startswith(sys.argv[1]), web.__file__\n"
+        "client = web.create_app(Config(storage=sys.argv[2], upstream='off')).test_client()\n"
+        "print(client.get('/readme').text.splitlines()[0])\n"
+        "print(client.get('/docs/').text.split())\n"
+        "print(client.get('/docs/security.md').text.splitlines()[0])\n")
+    out = subprocess.run([sys.executable, "-c", code, str(site), str(tmp_path / "data")],
+                         env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, listed, security = out.stdout.splitlines()
+    assert first == "# wheelhouse"
+    assert listed == str(sorted(p.name for p in (ROOT / "docs").glob("*.md")))
+    assert security == "# Security"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from tests.helpers import QuietHandler, build_job, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
 from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs
 from wheelhouse.buildspec import BuildSpec
-from wheelhouse.catalog import GENERATION_KEY, Record, record_key
+from wheelhouse.catalog import Record
+from wheelhouse.fleet import advertise
+from wheelhouse.layout import GENERATION_KEY, record_key
 from wheelhouse.publish import publish
 from wheelhouse.queue import append_log, enqueue_build
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
@@ -89,6 +92,28 @@ def test_matrix_shows_every_state(client: FlaskClient, app: Flask, conn: Redis,
            "&amp;python=3.10" in missing
 
 
+def test_matrix_offers_every_hosted_project_and_what_the_fleet_could_add(
+        client: FlaskClient, app: Flask, conn: Redis, tmp_path: Path) -> None:
+    """Issue 21: the filter lists hosted projects without a recipe too; a torch a project has
+    gets a "missing" cell for each CUDA line a live worker builds, one click from a request."""
+    variant = parse_variant("torch2.8-cu128")
+    publish(app.extensions["wheelhouse"].storage,
+            make_wheel(tmp_path / "w", "demo-ext", f"1.0+{variant.local_label}",
+                       tag="cp311-cp311-linux_x86_64"), variant)
+    advertise_worker(conn, cuda="13.0", name="gpu-13")
+    page = client.get("/matrix").text
+    assert '<option value="demo-ext">demo-ext</option>' in page
+    assert '<option value="flash-attn">flash-attn</option>' in page  # a recipe, nothing built
+    assert 'class="cell built"' in _cell(page, "1.0", "torch2.8-cu128", "3.11")
+    missing = _cell(page, "1.0", "torch2.8-cu130", "3.11")
+    assert 'class="cell missing"' in missing
+    assert "/request?project=demo-ext&amp;version=1.0&amp;torch=2.8&amp;cuda=13.0" in missing
+    assert 'data-variant="torch2.8-cu126"' not in page  # one column per CUDA line, its newest
+    empty = client.get("/matrix?project=flash-attn").text
+    assert "Nothing of flash-attn is built or queued yet." in empty
+    assert "/request?project=flash-attn" in empty
+
+
 def test_matrix_places_wheels_by_the_build_spec_rule(client: FlaskClient, app: Flask,
                                                     tmp_path: Path) -> None:
     """A stable-ABI wheel fills the column of every Python it installs into; an aarch64 wheel
@@ -148,7 +173,7 @@ def test_matrix_filters_by_project_and_reads_in_bulk(
     assert without_wheels["hgetall"] == 300  # each job read once...
     assert without_wheels["exec"] == 1  # ...in one pipeline
     scans = sum(without_wheels.values()) - 300 - 2  # the queue and registry listings
-    assert scans <= 12, without_wheels
+    assert scans <= 14, without_wheels  # 12, and the fleet's adverts (a SCAN and an MGET)
 
     storage = app.extensions["wheelhouse"].storage
     variants = [parse_variant(k) for k in ("torch2.8-cu128", "torch2.9-cu128", "torch2.14-cu130")]
@@ -219,7 +244,8 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     # The project is typed; recipe projects are suggested.
     assert 'id="project" name="project" list="project-list" value="causal-conv1d"' in page
     assert ('<datalist id="project-list"><option value="causal-conv1d"><option value="flash-attn">'
-            '<option value="mamba-ssm"></datalist>') in page
+            '<option value="mamba-ssm"><option value="torch-cluster"><option value="torch-scatter">'
+            '<option value="torch-spline-conv"></datalist>') in page
     cuda = {v: o for v, o in options["cuda"].items() if v}
     assert set(cuda) == set(KNOWN_CUDA)
     # A 12.8 toolkit builds every CUDA 12.x up to 12.8, never 12.9 or 13.x.
@@ -230,6 +256,14 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     assert {m: o[0] for m, o in options["machine"].items()} == {"x86_64": True, "aarch64": False}
     fleet = page[page.index('id="fleet"'):]
     assert "CUDA 12.8 on x86_64" in fleet and "gpu-1" in fleet and "13.0" not in fleet
+
+    # Issue 21: a worker that could not provision 13.0 offers it not; the form says why.
+    why = "no CUDA 13.0 release at http://mirror/ (no redistrib_13.0.0.json)"
+    advertise(conn, replace(advertise_worker(conn, name="gpu-2"), unavailable={"13.0": why}),
+              ttl=120)
+    page = client.get("/request").text
+    assert _options(page)["cuda"]["13.0"] == (False, "13.0 (can't be provisioned)")
+    assert f"CUDA 13.0: gpu-2: {why}" in page[page.index('id="unavailable"'):]
 
     advertise_worker(conn, cuda="13.0", machine="aarch64", name="arm-1")
     options = _options(client.get("/request").text)

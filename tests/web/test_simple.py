@@ -32,8 +32,11 @@ PIP_ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.
         (UV_ACCEPT, "application/vnd.pypi.simple.v1+json"),
         (PIP_ACCEPT, "application/vnd.pypi.simple.v1+json"),
         ("text/html", "text/html"),
-        ("application/vnd.pypi.simple.v1+html", "text/html"),
-        ("*/*", "application/vnd.pypi.simple.v1+json"),
+        # The PEP 691 HTML types get that concrete type back; anything at all gets HTML.
+        ("application/vnd.pypi.simple.v1+html", "application/vnd.pypi.simple.v1+html"),
+        ("application/vnd.pypi.simple.latest+html", "application/vnd.pypi.simple.v1+html"),
+        ("application/vnd.pypi.simple.latest+json", "application/vnd.pypi.simple.v1+json"),
+        ("*/*", "text/html"),
         ("", "text/html"),
         ("image/png", "text/html"),
     ],
@@ -245,7 +248,7 @@ def test_a_recipe_project_without_a_wheel_is_a_404_with_a_request_link(
 def test_a_project_whose_records_vanish_stays_hosted(
         app_config: Config, tmp_path: Path) -> None:
     """An emptied bucket must not turn the index into a redirect to the public upstream."""
-    from wheelhouse.catalog import RECORDS
+    from wheelhouse.layout import RECORDS
 
     app = create_app(app_config)
     client = app.test_client()
@@ -308,3 +311,15 @@ def test_variants_document_is_rebuilt_when_a_version_gains_a_variant(
     assert list(json.loads(body)["variants"]) == ["cu128sm80", "cu128sm90"]
     html = client.get("/simple/gpu-ext/", headers={"Accept": "text/html"}).text
     assert f"-variants.json#sha256={second}\">gpu_ext-1.0+pt28-variants.json</a>" in html
+
+
+def test_pinned_private_projects_are_never_sent_upstream(tmp_path: Path) -> None:
+    config = Config(storage=str(tmp_path / "data"), upstream="https://up.example/simple/",
+                    upstream_rules="", private_projects="acme-*, secret")
+    client = create_app(config).test_client()
+    for name in ("acme-kernels", "secret"):
+        resp = client.get(f"/{VARIANT}/simple/{name}/")
+        assert resp.status_code == 404 and "WHEELHOUSE_PRIVATE_PROJECTS" in resp.text
+    public = client.get(f"/{VARIANT}/simple/acme/")
+    assert public.status_code == 302
+    assert public.headers["Location"] == "https://up.example/simple/acme/"

@@ -7,7 +7,6 @@ import json
 import os
 import pickle
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,6 @@ from wheelhouse.errors import RefusedJob
 
 SPEC = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.8", cuda="12.8")
 GOOD_ARGS = [SPEC.to_dict(), None, 3600]
-
-
-@pytest.fixture
-def conn(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 class Evil:

@@ -7,25 +7,23 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from packaging.utils import NormalizedName, canonicalize_name, parse_wheel_filename
 
 from tests.helpers import free_port, make_wheel
-from wheelhouse.catalog import CATCH_UP, Catalog, Record, quarantine_key, record_key
+from tests.wheelhouse.conftest import ForwardingStorage
+from wheelhouse.catalog import CATCH_UP, Catalog
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
+from wheelhouse.layout import Record, quarantine_key, record_key
 from wheelhouse.publish import bump_generation, publish
 from wheelhouse.retry import RetryPolicy
 from wheelhouse.storage import (
-    ByteStream,
     LocalStorage,
-    ObjectInfo,
     S3Storage,
     Storage,
-    Tagged,
     make_s3_client,
 )
 from wheelhouse.variants import parse_variant
@@ -326,58 +324,16 @@ def test_without_a_generation_bump_nothing_is_reread(storage: Storage, tmp_path:
 # --- storage trouble: readers never wait, stale beats down ------------------------------------
 
 
-class _Gated(Storage):
+class _Gated(ForwardingStorage):
     """A real storage whose reads block while the gate is closed: storage that hangs."""
 
     def __init__(self, inner: Storage) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.gate = threading.Event()
         self.gate.set()
 
-    def _through(self) -> None:
+    def before_read(self, key: str) -> None:
         assert self.gate.wait(60), "the test never reopened the gate"
-
-    def put_file(self, key: str, path: Path) -> None:
-        self.inner.put_file(key, path)
-
-    def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
-        self.inner.put_bytes(key, data, exclusive=exclusive)
-
-    def get_bytes(self, key: str) -> bytes:
-        self._through()
-        return self.inner.get_bytes(key)
-
-    def read_tagged(self, key: str) -> Tagged:
-        self._through()
-        return self.inner.read_tagged(key)
-
-    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
-        self.inner.replace_bytes(key, data, tag=tag)
-
-    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
-        self._through()
-        return self.inner.open_range(key, start, stop)
-
-    def stat(self, key: str) -> ObjectInfo:
-        self._through()
-        return self.inner.stat(key)
-
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        self._through()
-        return self.inner.list(prefix)
-
-    def delete(self, key: str, *, tag: str | None = None) -> None:
-        self.inner.delete(key, tag=tag)
-
-    def list_partials(self) -> Iterator[ObjectInfo]:
-        return self.inner.list_partials()
-
-    def delete_partial(self, key: str) -> None:
-        self.inner.delete_partial(key)
-
-    def ping(self) -> None:
-        self._through()
-        self.inner.ping()
 
 
 def _unreachable(storage: Storage, tmp_path: Path) -> Storage:

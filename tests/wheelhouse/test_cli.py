@@ -29,10 +29,10 @@ from wheelhouse.variants import parse_variant
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
-COMMANDS = ["build", "gc", "publish", "request", "serve", "token", "variants", "verify", "worker",
-            "workers"]
+COMMANDS = ["build", "delete", "gc", "publish", "request", "serve", "token", "unyank", "variants",
+            "verify", "worker", "workers", "yank"]
 #: Every command that opens storage offers --storage.
-STORAGE_COMMANDS = ["build", "gc", "publish", "serve", "verify"]
+STORAGE_COMMANDS = ["build", "delete", "gc", "publish", "serve", "unyank", "verify", "yank"]
 
 
 def _flat(text: str) -> str:
@@ -109,8 +109,15 @@ def test_publish_and_gc_use_storage_over_the_environment(tmp_path: Path) -> None
                        "--storage", str(chosen), config=config)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("published demo-") == 2
+    # Issue 21: it says where it published, and that it made a new, empty storage there.
+    assert done.stdout.count(f" to {variant} in {chosen.resolve()} (sha256 ") == 2
+    assert done.stderr.startswith(f"warning: {chosen.resolve()} does not exist: creating a new, "
+                                  "empty storage there")
     assert (chosen / "records").is_dir()
     assert not configured.exists()
+    again = run_console("publish", str(wheels[0]), "--variant", variant, "--relabel",
+                        "--storage", str(chosen), config=config)
+    assert again.returncode == 0 and "warning" not in again.stderr
 
     pruned = run_console("gc", "--keep-versions", "1", "--storage", str(chosen), config=config)
     assert pruned.returncode == 0, pruned.stderr
@@ -120,6 +127,22 @@ def test_publish_and_gc_use_storage_over_the_environment(tmp_path: Path) -> None
     # Without --storage it looks where the environment says: nothing there.
     assert run_console("gc", "--keep-versions", "1", config=config).stdout.strip() == (
         "nothing to collect")
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    """Issue 21: one line, a non-zero exit, and no "serving on" before it."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_console("serve", "--port", str(port), "--storage", str(tmp_path / "d"),
+                           config=Config(storage=str(tmp_path / "d"), upstream="off"))
+    assert done.returncode != 0
+    assert done.stderr.strip() == (f"Error: port {port} on 127.0.0.1 is already in use; stop "
+                                   "what listens there or choose another --port")
+    assert "serving" not in done.stdout + done.stderr
 
 
 def test_serve_uses_storage_over_the_environment(tmp_path: Path) -> None:

@@ -36,8 +36,10 @@ def _state(url: str, build_id: str, token: str) -> str:
 def test_a_failed_build_says_why_exits_1_and_retries_on_request(
         redis_url: str, tmp_path: Path) -> None:
     # A worker that can take CUDA 12.8 builds; with no upstream index, each fails at its fetch.
+    # No torch index here to check against (test_torchindex does, with a fake one).
     config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "work"),
-                    redis_url=redis_url, upstream="off", worker_heartbeat_seconds=1)
+                    redis_url=redis_url, upstream="off", worker_heartbeat_seconds=1,
+                    torch_check=False)
     token = create_token(Redis.from_url(redis_url), "cli", ("build", "read"))
     cuda = {"CUDA_HOME": str(fake_cuda_toolkit(tmp_path / "cuda-12.8", "12.8"))}
     with start_index(config, tmp_path) as url, \
@@ -84,3 +86,15 @@ def test_token_comes_from_the_environment_and_is_not_marked_required() -> None:
 def test_poll_seconds_must_be_positive(bad: str) -> None:
     done = run_console(*REQUEST, "--poll-seconds", bad, env={"WHEELHOUSE_TOKEN": "whk_x"})
     assert done.returncode == 2 and "--poll-seconds" in done.stderr
+
+
+def test_a_local_sdist_is_pointed_to_wheelhouse_build(tmp_path: Path) -> None:
+    """Issue 21 (in part): no upload yet, so a local sdist gets one line saying what to do."""
+    sdist = tmp_path / "vecadd-0.1.0.tar.gz"
+    sdist.write_bytes(b"")
+    done = run_console("request", str(sdist), "--torch", "2.14", "--cuda", "13.0", "--python",
+                       "3.11", env={"WHEELHOUSE_TOKEN": "whk_x"})
+    assert done.returncode == 1
+    assert done.stderr == (f"Error: {sdist} is a local sdist: the server builds only from its "
+                           f"upstream index; build it on a GPU host with `wheelhouse build "
+                           f"{sdist} --torch 2.14 --cuda 13.0 ...`\n")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
 import pytest
@@ -71,13 +73,18 @@ def test_environment_values_are_typed(var: str, raw: str, field: str, value: obj
     assert dataclasses.replace(config, **{field: getattr(Config(), field)}) == Config()
 
 
+#: Settings that are parsed (Config's typed views) need a sample that parses.
+VALID = {"auth": ("token", "token"), "rate_limit": ("5/10", "5/10"),
+         "login_rate_limit": ("5/10", "5/10"), "upstream_rules": ("a,b-*=https://x/", "a,b-*=https://x/")}
+
+
 @pytest.mark.parametrize("field", [f.name for f in FIELDS])
 def test_every_field_reads_its_variable(field: str) -> None:
     kind = _kind(field)
     sample: dict[Any, tuple[str, object]] = {
         bool: ("true", True), int: ("42", 42), float: ("4.5", 4.5), str: ("some-text", "some-text"),
     }
-    raw, expected = sample[kind]
+    raw, expected = VALID.get(field) or sample[kind]
     default = getattr(Config(), field)
     if expected == default:
         raw, expected = {bool: ("false", False), int: ("43", 43), float: ("5.5", 5.5),
@@ -180,3 +187,22 @@ def test_to_env_leaves_unset_settings_out() -> None:
     env = Config(redis_url=None, log_json=False).to_env()
     assert "WHEELHOUSE_REDIS_URL" not in env
     assert env["WHEELHOUSE_LOG_JSON"] == "false"
+
+
+def test_settings_of_several_values_are_typed_once_and_fail_at_start() -> None:
+    config = Config.from_env({"WHEELHOUSE_AUTH": "basic:team:s3cret",
+                              "WHEELHOUSE_RATE_LIMIT": "3/600",
+                              "WHEELHOUSE_UPSTREAM_RULES": "torch,nvidia-*=https://t/{cu}/",
+                              "WHEELHOUSE_RECIPE_DIRS": "/a::/b",
+                              "WHEELHOUSE_ALLOWED_PROJECTS": "Flash_Attn, causal-conv1d"})
+    assert (config.read_auth.mode, config.read_auth.user) == ("basic", "team")
+    assert (config.build_rate.count, config.build_rate.seconds) == (3, 600)
+    assert [(r.patterns, r.url) for r in config.upstream_routes] == [
+        (("torch", "nvidia-*"), "https://t/{cu}/")]
+    assert config.extra_recipe_dirs == (Path("/a"), Path("/b"))
+    assert config.allowed_project_names == {"flash-attn", "causal-conv1d"}
+    for variable, bad, says in [("AUTH", "basic:nopassword", "basic:USER:PASSWORD"),
+                                ("LOGIN_RATE_LIMIT", "lots", "COUNT/SECONDS"),
+                                ("UPSTREAM_RULES", "no-url", "name,name-*=URL")]:
+        with pytest.raises(ValueError, match=f"WHEELHOUSE_{variable}: .*{re.escape(says)}"):
+            Config.from_env({f"WHEELHOUSE_{variable}": bad})

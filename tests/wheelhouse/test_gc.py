@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 from tests.helpers import config_env, make_wheel
-from wheelhouse import gc
-from wheelhouse.catalog import Catalog, wheel_key
+from wheelhouse import gc, verify
+from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
+from wheelhouse.layout import claim_key, wheel_key
 from wheelhouse.publish import Claim, publish
 from wheelhouse.storage import S3Storage, Storage
 from wheelhouse.variants import parse_variant
@@ -57,6 +58,29 @@ def test_prune_keeps_newest(storage: Storage, tmp_path: Path) -> None:
     assert gc.plan(storage, keep_versions=2, now=time.time() + 3 * 24 * 3600) == []
 
 
+def test_prune_takes_the_logs_and_quarantine_markers_too(storage: Storage,
+                                                         tmp_path: Path) -> None:
+    """Every key a pruned wheel owns goes, not only its record, files and claim."""
+    for v in ("1.0", "2.0", "3.0"):
+        _publish(storage, tmp_path, v)
+    old, kept = (next(r for r in Catalog(storage, 0).all_records() if r.version.startswith(v))
+                 for v in ("1.0", "3.0"))
+    for r in (old, kept):
+        storage.put_bytes(r.log_key, b"the build's log\n")
+    storage.put_bytes(old.wheel_key, storage.get_bytes(old.wheel_key)[:-10])
+    assert verify.quarantine(storage, verify.verify(storage)) == (1, 0)
+    assert storage.exists(old.quarantine_key)
+    before = {o.key for o in storage.list("")}
+    doomed = gc.plan(storage, keep_versions=2)
+    assert doomed[0].key == old.key  # unlisted first
+    assert {d.key for d in doomed} == set(old.keys())
+    gc.apply(storage, doomed)
+    left = {o.key for o in storage.list("")}
+    assert [k for k in left if old.filename in k] == []
+    assert before - left == set(old.keys())
+    assert storage.exists(kept.log_key)
+
+
 def test_cli_dry_runs_first(tmp_path: Path) -> None:
     config = Config(storage=str(tmp_path / "data"))
     from wheelhouse.storage import open_storage
@@ -77,7 +101,7 @@ def test_cli_dry_runs_first(tmp_path: Path) -> None:
 
 
 def _claim(storage: Storage, filename: str, age: float, sha: str = "0" * 64) -> str:
-    key = f"claims/{V.key}/{filename}"
+    key = claim_key(V, filename)
     claim = Claim(sha256=sha, id="x", host="gone-host", pid=7, claimed_at=time.time() - age)
     storage.put_bytes(key, claim.to_json())
     return key

@@ -397,6 +397,24 @@ def test_recipe_patches_apply_to_the_real_sdists(
                                 "-gencode", "arch=compute_90a,code=sm_90a"]
 
 
+@pytest.mark.parametrize(("project", "version"), [
+    ("torch-scatter", "2.1.2"), ("torch-cluster", "1.6.3"), ("torch-spline-conv", "1.2.2"),
+])
+def test_ninja_patches_apply_to_the_real_sdists(
+    unpacked: Callable[[str, str], Path], project: str, version: str
+) -> None:
+    """setup.py turned ninja off for torch's BuildExtension; patched, it is on, and nothing
+    else changed."""
+    src = unpacked(project, version)
+    setup = (src / "setup.py").read_text()
+    patches = load_recipe(project).patches_for(Version(version), Version("2.14.1+cu130"))
+    assert [a.ref for a in apply_patches(patches, src)] == [f"{project}/ninja"]
+    patched = (src / "setup.py").read_text()
+    assert "use_ninja=False" in setup and "use_ninja" not in setup.replace("use_ninja=False", "")
+    assert patched == setup.replace("use_ninja=False", "use_ninja=True")
+    compile(patched, "setup.py", "exec")
+
+
 def test_a_diff_for_another_project_does_not_apply_to_a_real_sdist(
     unpacked: Callable[[str, str], Path]
 ) -> None:

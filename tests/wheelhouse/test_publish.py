@@ -7,17 +7,21 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from packaging.utils import canonicalize_name
 
 from tests.helpers import make_wheel
+from tests.wheelhouse.conftest import ForwardingStorage
 from tests.wheelhouse.test_wheels import assert_record_matches
+from wheelhouse import gc
 from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.catalog import GENERATION_KEY, Catalog, Record, record_key, wheel_key
+from wheelhouse.catalog import Catalog
 from wheelhouse.errors import (
     AlreadyPublished,
     InvalidVariant,
@@ -25,8 +29,9 @@ from wheelhouse.errors import (
     StorageUnavailable,
     VersionMismatch,
 )
+from wheelhouse.layout import GENERATION_KEY, Record, record_key, wheel_key
 from wheelhouse.publish import Claim, publish
-from wheelhouse.storage import ByteStream, ObjectInfo, Storage, Tagged
+from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import read_metadata, sha256_file
 
@@ -215,51 +220,15 @@ def test_record_json_round_trip() -> None:
         assert Record.from_json(raw) == record
 
 
-class _Watched(Storage):
+class _Watched(ForwardingStorage):
     """A real storage with a hook before each write, to see the order and to fail mid-way."""
 
     def __init__(self, inner: Storage, before_write: Callable[[str], None]) -> None:
-        self.inner = inner
-        self.before_write = before_write
+        super().__init__(inner)
+        self.hook = before_write
 
-    def put_file(self, key: str, path: Path) -> None:
-        self.before_write(key)
-        self.inner.put_file(key, path)
-
-    def put_bytes(self, key: str, data: bytes, *, exclusive: bool = False) -> None:
-        self.before_write(key)
-        self.inner.put_bytes(key, data, exclusive=exclusive)
-
-    def replace_bytes(self, key: str, data: bytes, *, tag: str) -> None:
-        self.before_write(key)
-        self.inner.replace_bytes(key, data, tag=tag)
-
-    def get_bytes(self, key: str) -> bytes:
-        return self.inner.get_bytes(key)
-
-    def read_tagged(self, key: str) -> Tagged:
-        return self.inner.read_tagged(key)
-
-    def open_range(self, key: str, start: int, stop: int) -> ByteStream:
-        return self.inner.open_range(key, start, stop)
-
-    def stat(self, key: str) -> ObjectInfo:
-        return self.inner.stat(key)
-
-    def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str, *, tag: str | None = None) -> None:
-        self.inner.delete(key, tag=tag)
-
-    def list_partials(self) -> Iterator[ObjectInfo]:
-        return self.inner.list_partials()
-
-    def delete_partial(self, key: str) -> None:
-        self.inner.delete_partial(key)
-
-    def ping(self) -> None:
-        self.inner.ping()
+    def before_write(self, key: str) -> None:
+        self.hook(key)
 
 
 def test_record_is_written_last(storage: Storage, tmp_path: Path) -> None:
@@ -355,9 +324,38 @@ def test_a_fresh_claim_of_other_bytes_is_refused_and_says_whose(
     path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
     _dead_claim(storage, path, age=60)
     with pytest.raises(AlreadyPublished, match=r"worker gpu-7 on gone-host \(pid 4242\), "
-                                               r"claimed 6\ds ago; the claim expires after 3600s"):
+                                               r"claimed 6\ds ago\); if that publisher on "
+                                               r"gone-host is gone, run `wheelhouse gc --apply` "
+                                               r"there .* retry in 35\d\ds"):
         publish(storage, path, V, claim_timeout=3600)
     assert not storage.exists(record_key(V, "pkg", path.name))
+
+
+def _exited_pid() -> int:
+    """The pid of a process of this host that has run and ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_claim_whose_publisher_died_on_this_host_is_taken_over_at_once(
+    storage: Storage, tmp_path: Path
+) -> None:
+    path = make_wheel(tmp_path, "pkg", "1.0+cu128torch2.8")
+    key = f"claims/torch2.8-cu128/{path.name}"
+    dead = Claim(sha256="0" * 64, id="dead", host=socket.gethostname(), pid=_exited_pid(),
+                 claimed_at=time.time() - 5)
+    storage.put_bytes(key, dead.to_json(), exclusive=True)
+    assert [d.key for d in gc.plan(storage, claim_timeout=3600)] == [key]  # listed at once
+    record = publish(storage, path, V, claim_timeout=3600)
+    assert Claim.parse(storage.get_bytes(key), 0.0).sha256 == record.sha256
+    # A live publisher of this host is waited for.
+    alive = make_wheel(tmp_path / "b", "pkg", "2.0+cu128torch2.8")
+    live = Claim(sha256="0" * 64, id="live", host=socket.gethostname(), pid=os.getppid(),
+                 claimed_at=time.time() - 5)
+    storage.put_bytes(f"claims/torch2.8-cu128/{alive.name}", live.to_json(), exclusive=True)
+    with pytest.raises(AlreadyPublished, match="retry in"):
+        publish(storage, alive, V, claim_timeout=3600)
 
 
 def test_an_expired_claim_without_a_record_is_taken_over(

@@ -57,10 +57,10 @@ def test_nvcc_threads_never_exceed_the_device_targets(
 
 
 def test_unknown_projects_use_the_generic_recipe_and_get_relabelled() -> None:
-    recipe = load_recipe("torch-scatter")
+    recipe = load_recipe("torch-sparse")
     assert recipe.name == GENERIC and recipe.relabel and recipe.patches == ()
     env = recipe.environment(Variant.of("2.8", "12.8", ["90a", "120"]), max_jobs=2)
-    # FORCE_CUDA: builders have no GPU, and torch-scatter & co. skip their CUDA code without it.
+    # FORCE_CUDA: builders have no GPU, and torch-sparse & co. skip their CUDA code without it.
     assert env == {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "9.0a;12.0"}
     fat = recipe.environment(Variant.of("2.14", "13.0"), max_jobs=2)
     assert fat == {"FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "8.0;9.0"}
@@ -89,6 +89,19 @@ def test_tri_dao_style_recipes_force_the_build_and_label_metadata(
     assert fat["TORCH_CUDA_ARCH_LIST"] == "" and fat[f"{prefix}_LOCAL_VERSION"] == "cu130torch2.14"
 
 
+@pytest.mark.parametrize("project", ["torch-scatter", "torch-cluster", "torch-spline-conv"])
+def test_pyg_recipes_build_like_generic_and_check_their_cuda_libraries(project: str) -> None:
+    recipe = load_recipe(project)
+    generic = load_recipe(GENERIC)
+    assert recipe.name == project and recipe.relabel
+    variant = Variant.of("2.14", "13.0", ["sm90"])
+    assert recipe.environment(variant, max_jobs=2) == generic.environment(variant, max_jobs=2)
+    package = project.replace("-", "_")
+    assert recipe.load_check == (package,)
+    assert f"{package}._version_cuda" in recipe.import_check
+    assert all(m.startswith(f"{package}._") and m.endswith("_cuda") for m in recipe.import_check)
+
+
 @pytest.mark.parametrize(("project", "version", "torch", "ids"), [
     ("flash-attn", "2.8.3.post2", "2.14.1+cu130", ["cxx20"]),
     ("flash-attn", "2.7.4.post1", "2.14", ["cxx20"]),
@@ -99,7 +112,12 @@ def test_tri_dao_style_recipes_force_the_build_and_label_metadata(
     ("mamba-ssm", "2.2.4", "2.14", ["cxx20"]),
     ("causal-conv1d", "1.7.0", "2.14", ["cuda-archs"]),
     ("causal-conv1d", "1.5.2", "2.14", []),
-    ("torch-scatter", "2.1.2", "2.14", []),
+    ("torch-scatter", "2.1.2", "2.14", ["ninja"]),
+    ("torch-scatter", "2.1.2", "2.8", ["ninja"]),  # whatever the torch
+    ("torch-scatter", "2.0.8", "2.14", []),
+    ("torch-cluster", "1.6.3", "2.14", ["ninja"]),
+    ("torch-spline-conv", "1.2.2", "2.14", ["ninja"]),
+    ("torch-spline-conv", "1.2.1", "2.14", []),  # already builds with ninja
 ])
 def test_builtin_recipes_pick_their_patches_by_version(
     project: str, version: str, torch: str, ids: list[str]

@@ -582,3 +582,30 @@ def test_s3_calls_are_bounded_by_the_configured_timeouts(tmp_path: Path,
             with pytest.raises(StorageUnavailable):
                 call()
             assert time.monotonic() - started < bound, name
+
+
+def test_s3_presigned_urls_name_the_public_endpoint(s3_config: Config) -> None:
+    """Inside compose the web reaches MinIO as ``minio:9000``; clients need the URL they can
+    reach, signed for that host."""
+    internal = s3_config.s3_endpoint_url or ""
+    public = internal.replace("127.0.0.1", "localhost")
+    storage = open_storage(s3_config.replace(s3_public_endpoint_url=public))
+    key = "wheels/v/p/p-1.0+cu128torch2.8-py3-none-any.whl"
+    storage.put_bytes(key, DATA)
+    url = storage.presigned_url(key, 60)
+    assert url is not None and url.startswith(public + "/")
+    assert requests.get(url, timeout=30).content == DATA
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, len(DATA)), (10, 20), (5, 10**9), (90, 90)])
+def test_local_ranges_are_also_bounded_files(local_storage: LocalStorage, start: int,
+                                             stop: int) -> None:
+    """What a server's file wrapper gets: a descriptor at the range's start, and reads that
+    end with the range."""
+    local_storage.put_bytes("f", DATA)
+    with local_storage.open_range("f", start, stop) as stream:
+        file = stream.file
+        assert file is not None
+        assert os.lseek(file.fileno(), 0, os.SEEK_CUR) == start
+        got = b"".join(iter(lambda: file.read(7), b""))
+    assert got == DATA[start:stop]

@@ -8,7 +8,6 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -27,13 +26,6 @@ from wheelhouse.tokens import (
     revoke_token,
     verify_token,
 )
-
-
-@pytest.fixture
-def conn(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 def _forge() -> str:
@@ -92,8 +84,9 @@ def test_a_token_planted_the_old_way_is_refused(conn: redis.Redis) -> None:
 
 @pytest.mark.parametrize("record", [
     _record("../../etc"), _record(""), _record(None), _record("x" * 65),
-    _record("ok", ["admin"]), _record("ok", []), _record("ok", "build"),
+    _record("ok", ["root"]), _record("ok", []), _record("ok", "build"),
     json.dumps({"name": "ok", "scopes": ["build"]}), "{not json", json.dumps(["ok"]),
+    json.dumps({"name": "ok", "scopes": ["upload"], "created_at": 1.0, "variants": "x"}),
 ])
 def test_records_that_do_not_validate_authenticate_nothing(conn: redis.Redis,
                                                           record: str) -> None:
@@ -155,3 +148,15 @@ def test_the_cli_lists_what_authenticates_and_notes_old_keys(
     assert "1 key(s) of the earlier token format" in listed.stderr
     assert CliRunner().invoke(main, ["token", "revoke", "intruder"]).exit_code == 0
     assert verify_token(conn, planted) is None
+
+
+def test_upload_and_admin_tokens_may_be_limited_to_roots(conn: redis.Redis) -> None:
+    token = create_token(conn, "ci", ["upload", "admin"], variants=["torch2.14-cu130"])
+    info = verify_token(conn, token)
+    assert info is not None and info.scopes == ("upload", "admin")
+    assert info.allows_variant("torch2.14-cu130") and info.allows_variant("torch2.14-cu130-sm90")
+    assert not info.allows_variant("torch2.14-cu128")
+    everywhere = verify_token(conn, create_token(conn, "ops", ["admin"]))
+    assert everywhere is not None and everywhere.allows_variant("torch2.14-cu128")
+    with pytest.raises(TokenError, match="--variant 'cu130'"):
+        create_token(conn, "bad", ["upload"], variants=["cu130"])

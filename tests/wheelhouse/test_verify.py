@@ -9,8 +9,9 @@ from packaging.utils import canonicalize_name
 
 from tests.helpers import make_wheel, run_console
 from wheelhouse import verify
-from wheelhouse.catalog import GENERATION_KEY, Catalog, Record
+from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
+from wheelhouse.layout import GENERATION_KEY, Record
 from wheelhouse.publish import publish
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.variants import parse_variant

@@ -24,12 +24,16 @@ from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, Sto
 from wheelhouse.fleet import ToolkitInfo
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
 from wheelhouse.storage import make_s3_client, open_storage
-from worker.build import UNSANDBOXED, BuildResult, extension_modules, log_key, run_build
+from worker.build import BuildResult, run_build
 from worker.cli import parse_target
+from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Reporter
 from worker.failures import classify_log, with_retries
 from worker.reaper import BUILD_ID_ENV, build_id_base
+from worker.runner import UNSANDBOXED
 from worker.sandbox import Sandbox
 from worker.sdist import download_sdist, find_sdist, unpack
+from worker.steps.checks import extension_modules
+from worker.steps.publish import log_key
 
 FA = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.14", cuda="13.0")
 
@@ -307,6 +311,8 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
                        toolkits=[toolkit])
 
     assert result.record.filename == CEXT.expected_wheel_name
+    # Where the worker stored the log is a key the record owns (gc prunes it with the wheel).
+    assert log_key(CEXT) == result.record.log_key == result.record.build.log_key
     sandbox = Sandbox.from_config(config)
     log = storage.get_bytes(log_key(CEXT)).decode()
     assert 900_000 < len(log) < 1_100_000
@@ -491,6 +497,35 @@ count = 1
     assert not list(storage.list("records/"))
 
 
+class _Recorder(Reporter):
+    def __init__(self) -> None:
+        self.events: list[BuildEvent] = []
+
+    def report(self, event: BuildEvent) -> None:
+        self.events.append(event)
+
+
+def test_what_a_build_reports_is_one_stream_and_its_last_facts_are_the_recorded_ones(
+        tmp_path: Path, cudaext_sdist: Path) -> None:
+    """Phases, log lines and measurements arrive as typed events, in the build's order; the
+    last ``Measured`` a watcher saw is what the failure carries (no second channel to compare).
+    A build without a toolkit for its CUDA stops at the toolkit step: cheap, and real."""
+    config = build_config(tmp_path, toolkit_wheels=False)
+    recorder = _Recorder()
+    spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.14", cuda="13.0")
+    with pytest.raises(BuildFailed) as err:
+        run_build(spec, config=config, storage=open_storage(config), reporter=recorder,
+                  source=cudaext_sdist, toolkits=[], build_id="build-events-test")
+    assert err.value.kind is FailureKind.INCOMPATIBLE
+    assert [e.name for e in recorder.events if isinstance(e, PhaseBegan)] == ["toolkit"]
+    measured = [e.facts for e in recorder.events if isinstance(e, Measured)]
+    assert measured[0].sandbox is not None  # how it is sandboxed, before anything runs
+    assert measured[-1] == err.value.facts and measured[-1].seconds is not None
+    assert build_id_base(measured[-1].build_id) == "build-events-test"
+    lines = [line for e in recorder.events if isinstance(e, LogLines) for line in e.lines]
+    assert lines[-1].startswith("wheelhouse: FAILED [incompatible]: no CUDA 13.x toolkit")
+
+
 @pytest.mark.parametrize(("requires", "refused"), [
     (["setuptools>=64", "wheel", "torch", "ninja; python_version >= '3'"], None),
     (["setuptools", "evil @ file:///root/.aws/credentials"], "direct reference"),
@@ -501,7 +536,7 @@ count = 1
 ])
 def test_build_requirements_are_names_and_specifiers_only(
         tmp_path: Path, requires: list[str], refused: str | None) -> None:
-    from worker.build import _pyproject_requires
+    from worker.steps.venv import _pyproject_requires
 
     (tmp_path / "pyproject.toml").write_text(
         "[build-system]\nrequires = " + json.dumps(requires) + "\n")

@@ -18,7 +18,8 @@ from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.maxjobs import learned_per_thread
 from wheelhouse.storage import open_storage
-from worker.build import log_key, run_build
+from worker.build import run_build
+from worker.steps.publish import log_key
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -78,25 +79,25 @@ def test_this_host() -> None:
     assert f"build-cu{version[0].replace('.', '')}-{caps.machine}" in caps.queues
 
 
-def test_a_worker_that_installs_toolkits_advertises_those_versions(tmp_path: Path) -> None:
-    """Issue 13: a host with only CUDA 12.8 serves 13.0 too when it may install that toolkit
-    from NVIDIA's wheels; a provisioned toolkit under the toolkit root is found like any."""
+def test_a_worker_advertises_the_toolkits_it_provisioned(tmp_path: Path) -> None:
+    """Issue 13: a host with only CUDA 12.8 serves 13.x too once it provisioned that toolkit;
+    a provisioned toolkit under the toolkit root is found like any (issue 21: and only then)."""
     from wheelhouse.fleet import WorkerAd
-    from worker.toolkit import provisionable_cuda
 
     root = tmp_path / "root"
     fake_toolkit(root / "cuda-12.8", "12.8.93")
     fake_toolkit(tmp_path / "toolkits" / "cuda-13.0", "13.0.88")
-    provisionable = provisionable_cuda()
-    assert "13.0" in provisionable and "12.8" in provisionable
-    assert not [v for v in provisionable if not v.startswith(("12.", "13."))]
     caps = discover({"PATH": os.defpath}, roots=[root, tmp_path / "toolkits"],
-                    provisionable=("13.1",))
+                    provisionable=("13.0",), unavailable={"13.1": "no CUDA 13.1 release"})
     assert [t.release for t in caps.toolkits] == ["V13.0.88", "V12.8.93"]
-    assert "build-cu131-x86_64" in caps.queues or caps.machine != "x86_64"
+    assert "build-cu130-x86_64" in caps.queues or caps.machine != "x86_64"
+    assert "build-cu131-x86_64" not in caps.queues
     ad = caps.advert("w", started_at=0.0)
-    assert ad.provisionable == ("13.1",) and "13.1" in ad.cuda_versions
+    assert ad.provisionable == ("13.0",) and "13.1" not in ad.cuda_versions
+    assert ad.unavailable == {"13.1": "no CUDA 13.1 release"}
     assert WorkerAd.from_json(ad.to_json()) == ad
-    # An advert written before provisionable existed still reads.
-    old = ad.to_json().replace(', "provisionable": ["13.1"]', "")
-    assert "provisionable" not in old and WorkerAd.from_json(old).provisionable == ()
+    # An advert written before provisionable and unavailable existed still reads.
+    old = json.loads(ad.to_json())
+    del old["provisionable"], old["unavailable"]
+    back = WorkerAd.from_json(json.dumps(old))
+    assert back.provisionable == () and back.unavailable == {}

@@ -27,7 +27,7 @@ from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.fleet import ToolkitInfo
 from wheelhouse.storage import open_storage
-from worker import build as build_module
+from worker import runner as runner_module
 from worker.build import log_key, run_build
 from worker.sandbox import BUILD_WRITABLE, writable_place
 
@@ -72,14 +72,14 @@ def test_a_build_that_attacks_the_edge_ends_classified_or_correct(
                           release="V13.0.93")
     # Every place the build was given writable, as the worker named it.
     places: set[str] = set()
-    real_place = build_module.writable_place
+    real_place = runner_module.writable_place
 
     def recording(path: Path, **where: Path) -> str:
         name = real_place(path, **where)
         places.add(name)
         return name
 
-    monkeypatch.setattr(build_module, "writable_place", recording)
+    monkeypatch.setattr(runner_module, "writable_place", recording)
     before = _tree(victim)
     started = time.monotonic()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import wait_until
 from worker.compilecache import SERVER_MARK as COMPILE_SERVER
 from worker.governor import MemoryGovernor, was_oom_killed
 from worker.reaper import BuildProcess
@@ -157,20 +158,23 @@ def test_resume_all_continues_every_paused_job(
 ) -> None:
     build = _hog_build(tmp_path, builds, "3", "10", "0", "1000")
     governor = MemoryGovernor(build, budget_bytes=1, low_watermark=0, high_watermark=0)
-    for _ in range(50):
+
+    def two_paused() -> bool:
         governor.tick()
-        if governor.paused_jobs == 2:
-            break
-        time.sleep(0.1)
-    assert governor.paused_jobs == 2
+        return governor.paused_jobs == 2
+
+    wait_until(two_paused, "the governor to pause two jobs")
+    leaders = [p for p in build.processes() if p.pid == os.getpgid(p.pid) != build.pid]
+    assert len(leaders) == 3
+    wait_until(lambda: sum(p.status() == psutil.STATUS_STOPPED for p in leaders) == 2,
+               "two jobs to stop")
 
     governor.resume_all()
 
-    time.sleep(0.1)
-    leaders = [p for p in build.processes() if p.pid == os.getpgid(p.pid) != build.pid]
-    assert len(leaders) == 3
-    assert all(p.status() != psutil.STATUS_STOPPED for p in leaders)
     assert governor.paused_jobs == 0
+    # SIGCONT is delivered asynchronously: wait until every job runs again.
+    wait_until(lambda: all(p.status() != psutil.STATUS_STOPPED for p in leaders),
+               "every paused job to continue")
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,9 @@ from worker.reaper import (
     build_id_base,
     cgroup_base,
     is_subreaper,
+    pid_alive,
+    signal_group_quietly,
+    signal_quietly,
     unique_build_id,
 )
 
@@ -54,6 +57,17 @@ def _alive(pid: int, recorded_at: float) -> bool:
         return proc.create_time() <= recorded_at + 0.05 and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _signals_pending(pid: int) -> bool:
+    """Whether a signal waits to be delivered to the process (its own or its group's)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    pending = {k: int(v, 16) for k, _, v in (line.partition(":\t") for line in status.splitlines())
+               if k in ("SigPnd", "ShdPnd")}
+    return any(pending.values())
 
 
 def _survivors(pid_dir: Path) -> list[tuple[int, str]]:
@@ -294,8 +308,11 @@ def test_sweep_orphans_of_a_sigkilled_worker(trees: Trees) -> None:
     _wait_for(lambda: _tree_ready(orphan_pids) and _tree_ready(neighbour_pids))
     worker.kill()  # the worker dies mid-build; its build lives on
     worker.wait()
-    time.sleep(0.2)
-    assert {role for _, role in _survivors(orphan_pids)} >= TREE_ROLES
+    # Its exit has been handled whole (orphans re-parented, any death signal sent): the tree
+    # runs on with nothing on its way to end it.
+    survivors = _survivors(orphan_pids)
+    assert {role for _, role in survivors} >= TREE_ROLES
+    assert [(pid, role) for pid, role in survivors if _signals_pending(pid)] == []
 
     # Live builds are named by job, as workers advertise them: the cookie's base.
     live = [build_id_base(neighbour.build_id)]
@@ -348,3 +365,15 @@ def test_an_exception_during_wait_kills_the_tree(trees: Trees) -> None:
     assert build.poll() is not None
     if cgroup is not None:
         assert not cgroup.exists()
+
+
+def test_signals_to_processes_that_are_gone_are_quiet() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             start_new_session=True)
+    assert pid_alive(child.pid)
+    assert signal_group_quietly(child.pid, signal.SIGTERM)
+    assert child.wait(timeout=30) == -signal.SIGTERM
+    # Reaped: no such process any more (nor group), and saying so is not an error.
+    assert not pid_alive(child.pid)
+    assert not signal_quietly(child.pid, signal.SIGTERM)
+    assert not signal_group_quietly(child.pid, signal.SIGTERM)

@@ -1,0 +1,87 @@
+"""Yank, unyank and delete: the JSON API (admin tokens) and the project page's buttons.
+
+The changes themselves are the core's (:mod:`wheelhouse.manage`): markers and deletions in
+storage, an audit entry naming the token, and a new generation, so every page (and its ETag)
+changes on the next catalog refresh; this process refreshes at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, redirect, render_template, request, url_for
+from packaging.utils import canonicalize_name
+from werkzeug.exceptions import BadRequest
+from werkzeug.wrappers import Response as BaseResponse
+
+from web import auth
+from web.services import services
+from wheelhouse.catalog import Record
+from wheelhouse.manage import Action, Target, delete, unyank, yank
+from wheelhouse.tokens import TokenInfo
+
+bp = Blueprint("admin", __name__)
+
+_SHAPE = ('send a JSON object: {"target": "PROJECT==VERSION" or a wheel\'s file name, '
+          '"variant": optional variant key, "reason": optional text}')
+
+
+def _apply(action: Action, target: Target, info: TokenInfo, reason: str) -> list[Record]:
+    svc = services()
+    who = f"token {info.name}"
+    if action is Action.YANK:
+        records = yank(svc.storage, target, who=who, reason=reason)
+    elif action is Action.UNYANK:
+        records = unyank(svc.storage, target, who=who)
+    else:
+        records = delete(svc.storage, target, who=who, reason=reason)
+    svc.catalog.refresh()  # this process's pages change at once; the others on their refresh
+    return records
+
+
+@bp.post("/api/yank")
+@bp.post("/api/unyank")
+@bp.post("/api/delete")
+def api_change() -> Response:
+    """``{"target", "variant"?, "reason"?}`` → the files changed."""
+    action = Action(request.path.rsplit("/", 1)[1])
+    data: Any = request.get_json(silent=True) if request.is_json else None
+    if not isinstance(data, dict) or not isinstance(data.get("target"), str):
+        raise BadRequest(_SHAPE)
+    variant, reason = data.get("variant"), data.get("reason", "")
+    if not isinstance(variant, str | None) or not isinstance(reason, str) or len(reason) > 500:
+        raise BadRequest(_SHAPE + " (a reason of at most 500 characters)")
+    target = Target.parse(data["target"], variant)
+    info = auth.require_admin(target.variant.key if target.variant else None)
+    records = _apply(action, target, info, reason)
+    resp = jsonify({"action": action.value, "files": [
+        {"filename": r.filename, "variant": r.variant.key} for r in records]})
+    resp.headers["Cache-Control"] = "no-store"
+    return resp
+
+
+@bp.get("/projects/<name>")
+def project_page(name: str) -> BaseResponse | str:
+    """Every published file of a project, in every root; admins get yank buttons."""
+    project = canonicalize_name(name)
+    if project != name:
+        return redirect(url_for("admin.project_page", name=project), 301)
+    records = [r for v in services().catalog.variants_of(project) if not v.archs
+               for r in services().catalog.files(v, project)]
+    info = auth.shown_token()
+    admin = info is not None and info.allows("admin")
+    return render_template("project.html", project=project, records=records, admin=admin)
+
+
+@bp.post("/projects/<name>/yank")
+def project_yank(name: str) -> BaseResponse:
+    """The project page's Yank and Unyank buttons (a login session with CSRF)."""
+    filename = request.form.get("filename", "")
+    variant = request.form.get("variant", "")
+    target = Target.parse(filename, variant or None)
+    if target.project != canonicalize_name(name):
+        raise BadRequest("that file is not of this project")
+    info = auth.require_admin(target.variant.key if target.variant else None)
+    action = Action.UNYANK if request.form.get("undo") else Action.YANK
+    _apply(action, target, info, request.form.get("reason", "")[:500])
+    return redirect(url_for("admin.project_page", name=target.project), 303)

@@ -1,0 +1,195 @@
+"""The storage layout: every key below the storage root, built here and nowhere else.
+
+- ``wheels/<base variant>/<project>/<file>``           the wheel
+- ``wheels/<base variant>/<project>/<file>.metadata``  its METADATA (PEP 658)
+- ``records/<base variant>/<project>/<file>.json``     the record (:class:`Record`); written
+  last, so it *is* the publication: only files with a record are listed
+- ``claims/<base variant>/<file>``                    who is publishing that name (see publish)
+- ``quarantine/<base variant>/<project>/<file>.json``  ``wheelhouse verify --quarantine``
+  found the stored files damaged: the record is not listed until republished
+- ``yanks/<base variant>/<project>/<file>.json``       PEP 592: the record is listed as yanked,
+  with the marker's reason (``wheelhouse yank``; module ``manage``)
+- ``upstream/<project>``                              its upstream listed it when it was
+  published (module ``ownership``): roots without it may send installers there
+- ``audit/<time>-<id>.json``                          who yanked, unyanked or deleted what (manage)
+- ``logs/<base variant>/<project>/<file>.log``         the full log of the build of that wheel
+- ``stats/<recipe>-cu<XYZ>.json``                      learned compile-job memory (maxjobs)
+- ``sccache/<project>/cu<XYZ>/...``                    the shared compile cache (compilecache)
+- ``generation``                                       changes on every publication
+
+A published wheel owns the keys :meth:`Record.keys` names; ``wheelhouse gc`` removes exactly
+those when it prunes one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from packaging.utils import NormalizedName, canonicalize_name
+
+from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.variants import Variant, parse_variant
+
+GENERATION_KEY = "generation"
+WHEELS = "wheels/"
+RECORDS = "records/"
+CLAIMS = "claims/"
+QUARANTINE = "quarantine/"
+YANKS = "yanks/"
+UPSTREAM = "upstream/"
+AUDIT = "audit/"
+LOGS = "logs/"
+STATS = "stats/"
+COMPILE_CACHE = "sccache/"
+METADATA_SUFFIX = ".metadata"
+#: What build workers write: their S3 policy (``deploy/s3/worker-policy.json``) must allow
+#: each, and nothing else (quarantine markers and deletions are the operator's).
+WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_CACHE)
+
+
+def _base(base: Variant | str) -> str:
+    return base if isinstance(base, str) else base.key
+
+
+def wheel_key(base: Variant | str, project: str, filename: str) -> str:
+    """Where a wheel is stored; ``base`` is its base variant (or that variant's key)."""
+    return f"{WHEELS}{_base(base)}/{project}/{filename}"
+
+
+def metadata_key(base: Variant | str, project: str, filename: str) -> str:
+    """Where a wheel's METADATA is stored, served as ``<file>.metadata`` (PEP 658)."""
+    return wheel_key(base, project, filename) + METADATA_SUFFIX
+
+
+def record_key(base: Variant | str, project: str, filename: str) -> str:
+    return f"{RECORDS}{_base(base)}/{project}/{filename}.json"
+
+
+def claim_key(base: Variant | str, filename: str) -> str:
+    return f"{CLAIMS}{_base(base)}/{filename}"
+
+
+def log_key(base: Variant | str, project: str, filename: str) -> str:
+    """Where the full log of the build of ``filename`` is stored: beside its record."""
+    return f"{LOGS}{_base(base)}/{project}/{filename}.log"
+
+
+def quarantine_key(rkey: str) -> str:
+    """The marker that hides the record stored under ``rkey``."""
+    return QUARANTINE + rkey.removeprefix(RECORDS)
+
+
+def yank_key(rkey: str) -> str:
+    """The marker that lists the record stored under ``rkey`` as yanked."""
+    return YANKS + rkey.removeprefix(RECORDS)
+
+
+def yanked_record_key(marker: str) -> str:
+    """The record a yank marker marks (:func:`yank_key` read backwards)."""
+    return RECORDS + marker.removeprefix(YANKS)
+
+
+def upstream_key(project: str) -> str:
+    """The marker that says ``project``'s upstream listed it when it was published here."""
+    return f"{UPSTREAM}{project}"
+
+
+def quarantined_record_key(marker: str) -> str:
+    """The record a quarantine marker hides (:func:`quarantine_key` read backwards)."""
+    return RECORDS + marker.removeprefix(QUARANTINE)
+
+
+def stats_key(recipe: str, cuda: str) -> str:
+    """Learned compile-job memory of a recipe under a CUDA version (``maxjobs``)."""
+    return f"{STATS}{recipe}-cu{cuda.replace('.', '')}.json"
+
+
+def compile_cache_prefix(space: str) -> str:
+    """The shared compile cache's entries of one namespace (``flash-attn/cu130``)."""
+    return f"{COMPILE_CACHE}{space}/"
+
+
+@dataclass(frozen=True)
+class Record:
+    """What publishing a wheel promises about it; serialized as the ``.json`` record.
+
+    In JSON the variant is its key and the build facts a plain object, so records written by
+    older versions read back unchanged.
+    """
+
+    filename: str
+    project: NormalizedName
+    version: str
+    variant: Variant
+    archs: tuple[str, ...] | None
+    sha256: str
+    size: int
+    metadata_sha256: str
+    requires_python: str | None
+    upload_time: str
+    yanked: bool | str = False
+    build: BuildFacts = field(default_factory=BuildFacts)
+    variant_label: str | None = None
+    """Set on the variant form of a wheel (:mod:`wheelhouse.variantwheels`): listed by the
+    plain root ``/simple/`` only, never by a variant root. Stored beside the wheel it was made
+    from (the same base variant)."""
+
+    @property
+    def wheel_key(self) -> str:
+        return wheel_key(self.variant.base, self.project, self.filename)
+
+    @property
+    def metadata_key(self) -> str:
+        return metadata_key(self.variant.base, self.project, self.filename)
+
+    @property
+    def key(self) -> str:
+        """Where this record itself is stored."""
+        return record_key(self.variant.base, self.project, self.filename)
+
+    @property
+    def claim_key(self) -> str:
+        return claim_key(self.variant.base, self.filename)
+
+    @property
+    def log_key(self) -> str:
+        """Where the log of the build that made this wheel is (if a worker built it)."""
+        return log_key(self.variant.base, self.project, self.filename)
+
+    @property
+    def quarantine_key(self) -> str:
+        return quarantine_key(self.key)
+
+    @property
+    def yank_key(self) -> str:
+        return yank_key(self.key)
+
+    def keys(self) -> dict[str, str]:
+        """Every key this wheel's publication owns, with what it holds; the record first
+        (removing it first unlists the wheel before its files go). Only some wheels have a
+        quarantine marker, a yank marker or a build log."""
+        return {self.key: "record", self.quarantine_key: "quarantine marker",
+                self.yank_key: "yank marker",
+                self.metadata_key: "metadata", self.wheel_key: "wheel",
+                self.log_key: "build log", self.claim_key: "claim"}
+
+    def to_json(self) -> bytes:
+        data: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["variant"] = self.variant.key
+        data["archs"] = None if self.archs is None else list(self.archs)
+        data["build"] = self.build.to_dict()
+        if self.variant_label is None:
+            del data["variant_label"]  # so that servers older than variant wheels read it
+        return json.dumps(data, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Record:
+        data = json.loads(raw)
+        archs = data.get("archs")
+        data["archs"] = None if archs is None else tuple(archs)
+        data["project"] = canonicalize_name(data["project"])
+        data["variant"] = parse_variant(data["variant"])
+        data["build"] = BuildFacts.from_dict(data.get("build"))
+        return cls(**data)

@@ -1,0 +1,111 @@
+"""Uploads with the standard tools (``twine upload``, ``uv publish``): the legacy upload API's
+fields checked against the file, then the same publish path as ``wheelhouse publish``.
+
+The legacy API (PyPI's, pypiserver's, devpi's) is a multipart POST with ``:action`` =
+``file_upload``, the file as ``content``, and fields that describe it: ``name``, ``version``,
+``filetype``, ``sha256_digest`` (and ``md5_digest``, ``blake2_256_digest``, metadata).
+This module takes those fields and the stored file; the web turns the HTTP request into them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from wheelhouse.catalog import Record
+from wheelhouse.config import Config
+from wheelhouse.errors import InvalidUpload, InvalidWheel
+from wheelhouse.ownership import check_upstream
+from wheelhouse.publish import publish
+from wheelhouse.storage import Storage
+from wheelhouse.variants import Variant
+from wheelhouse.wheels import parse_name
+
+#: The ``:action`` of an upload in the legacy API.
+FILE_UPLOAD = "file_upload"
+_DIGESTS = (("sha256_digest", "sha256"), ("md5_digest", "md5"),
+            ("blake2_256_digest", "blake2b"))
+
+
+def check_fields(fields: Mapping[str, str], filename: str) -> None:
+    """Refuse an upload that is not a wheel upload, before its bytes are stored."""
+    action = fields.get(":action", "")
+    if action != FILE_UPLOAD:
+        raise InvalidUpload(f"unsupported :action {action[:40]!r}: this index accepts "
+                            f"{FILE_UPLOAD!r} (twine upload, uv publish)")
+    filetype = fields.get("filetype", "bdist_wheel")
+    if filetype == "sdist" or not filename.endswith(".whl"):
+        raise InvalidUpload(f"{filename[:80]}: this index hosts wheels only; upload the wheels "
+                            "built from it (dist/*.whl)")
+    if filetype != "bdist_wheel":
+        raise InvalidUpload(f"{filename[:80]}: filetype {filetype[:40]!r} is not bdist_wheel")
+
+
+def check_digests(fields: Mapping[str, str], path: Path) -> None:
+    """Every digest the client sent must match the bytes received (one at least)."""
+    sent = [(field, algo, fields[field].strip().lower()) for field, algo in _DIGESTS
+            if fields.get(field, "").strip()]
+    if not sent:
+        raise InvalidUpload("the upload carries no digest (sha256_digest): the bytes received "
+                            "can't be checked against what was sent")
+    hashers = {algo: hashlib.blake2b(digest_size=32) if algo == "blake2b" else
+               hashlib.new(algo) for _, algo, _ in sent}
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            for h in hashers.values():
+                h.update(chunk)
+    for field, algo, value in sent:
+        if not hmac.compare_digest(hashers[algo].hexdigest(), value):
+            raise InvalidUpload(f"{path.name}: {field} does not match the bytes received "
+                                "(the upload was damaged or cut short); upload it again")
+
+
+def _label_problem(name_version: Version, variant: Variant, filename: str) -> str:
+    public = name_version.public
+    wanted = f"{public}+{variant.local_label}"
+    return (f"{filename}: version {name_version} lacks the local label +{variant.local_label} "
+            f"of {variant.key}: build it as version {wanted}, or publish it with `wheelhouse "
+            f"publish --variant {variant.key} --relabel`, or have the operator set "
+            "WHEELHOUSE_UPLOAD_RELABEL=true")
+
+
+def accept(storage: Storage, config: Config, variant: Variant, fields: Mapping[str, str],
+           path: Path, *, by: str) -> Record:
+    """Check an uploaded wheel (stored at ``path`` under its own name) and publish it into
+    ``variant``'s root, as ``wheelhouse publish`` does; ``by`` names the uploader.
+
+    The same bytes again return the published record (so a retried upload succeeds); other
+    bytes under a published name raise :class:`AlreadyPublished` (a 409, which twine's
+    ``--skip-existing`` takes as "already there")."""
+    check_fields(fields, path.name)
+    try:
+        name = parse_name(path.name)
+    except InvalidWheel as exc:
+        raise InvalidUpload(str(exc)) from None
+    sent_name = fields.get("name", "")
+    if sent_name and canonicalize_name(sent_name) != name.project:
+        raise InvalidUpload(f"{path.name}: the name field {sent_name[:80]!r} is not the wheel's "
+                            f"project {name.project}")
+    sent_version = fields.get("version", "")
+    if sent_version:
+        try:
+            same = Version(sent_version).public == name.version.public
+        except InvalidVersion:
+            same = False
+        if not same:
+            raise InvalidUpload(f"{path.name}: the version field {sent_version[:40]!r} is not "
+                                f"the wheel's version {name.version}")
+    check_digests(fields, path)
+    if name.version.local != variant.local_label and not config.upload_relabel:
+        raise InvalidUpload(_label_problem(name.version, variant, path.name))
+    check_upstream(storage, config, name.project, variant)
+    try:
+        return publish(storage, path, variant, relabel_wheel=config.upload_relabel,
+                       claim_timeout=config.publish_timeout, by=by)
+    except InvalidWheel as exc:
+        raise InvalidUpload(str(exc)) from None

@@ -1,0 +1,74 @@
+"""The publish step: the checked wheel into storage (:func:`wheelhouse.publish.publish`) with
+what the build measured, and the build's log beside its record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from wheelhouse import layout
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.errors import AlreadyPublished, BuildFailed, FailureKind, InvalidWheel
+from wheelhouse.layout import Record
+from wheelhouse.publish import publish
+from wheelhouse.retry import LOG_UPLOAD
+from worker.failures import with_retries
+from worker.steps.context import BuildContext
+
+
+def log_key(spec: BuildSpec) -> str:
+    """Where the full log is stored: beside the wheel's record, under the same name."""
+    return layout.log_key(spec.variant.base, spec.project, spec.expected_wheel_name)
+
+
+def already_published(ctx: BuildContext) -> Record | None:
+    """The record of the wheel this build would publish, if there is one."""
+    spec = ctx.spec
+    key = layout.record_key(spec.variant.base, spec.project, spec.expected_wheel_name)
+
+    def look() -> Record | None:
+        try:
+            return Record.from_json(ctx.storage.get_bytes(key))
+        except FileNotFoundError:
+            return None
+
+    return ctx.retried("reading storage", look)
+
+
+def publish_wheel(ctx: BuildContext, wheel: Path, *, seconds: float) -> Record:
+    """Publish ``wheel`` with the build's facts (``seconds`` so far); a wheel of the same name
+    published meanwhile, by another build of this spec, is this build's result too."""
+    ctx.journal.phase("publish")
+    ctx.journal.measured(seconds=round(seconds, 1), log_key=log_key(ctx.spec))
+    facts = ctx.journal.facts
+    archs = ctx.recipe.archs_for(ctx.spec.variant)
+
+    def attempt() -> Record:
+        try:
+            return publish(ctx.storage, wheel, ctx.spec.variant, archs=archs, build=facts,
+                           claim_timeout=ctx.config.publish_timeout,
+                           by=f"build {facts.build_id}" if facts.build_id else None)
+        except AlreadyPublished:
+            existing = already_published(ctx)
+            if existing is None:
+                raise
+            return existing
+
+    try:
+        record = ctx.retried("publishing", attempt)
+    except InvalidWheel as exc:
+        raise BuildFailed(FailureKind.INCOMPATIBLE, str(exc)) from None
+    ctx.say(f"published {record.filename} into {ctx.spec.variant.key}")
+    return record
+
+
+def store_log(ctx: BuildContext) -> None:
+    """The build's log into storage, beside the record; a log that can't be stored is lost,
+    never the build's outcome."""
+    if not ctx.log.path.exists():
+        return
+    ctx.log.seal()
+    try:
+        with_retries(LOG_UPLOAD, "storing the log",
+                     lambda: ctx.storage.put_file(log_key(ctx.spec), ctx.log.path))
+    except BuildFailed:
+        return  # the log is a convenience; the build's own outcome stands
