@@ -85,3 +85,18 @@ def project_yank(name: str) -> BaseResponse:
     action = Action.UNYANK if request.form.get("undo") else Action.YANK
     _apply(action, target, info, request.form.get("reason", "")[:500])
     return redirect(url_for("admin.project_page", name=target.project), 303)
+
+
+@bp.post("/projects/<name>/delete")
+def project_delete(name: str) -> BaseResponse:
+    """The project page's Delete button: only with its confirmation box ticked, since a
+    deleted file is gone (the audit trail keeps who and when)."""
+    filename = request.form.get("filename", "")
+    target = Target.parse(filename, request.form.get("variant") or None)
+    if target.project != canonicalize_name(name):
+        raise BadRequest("that file is not of this project")
+    info = auth.require_admin(target.variant.key if target.variant else None)
+    if request.form.get("confirm") != filename:
+        raise BadRequest(f"tick the box to confirm that {filename} is to be deleted")
+    _apply(Action.DELETE, target, info, request.form.get("reason", "")[:500])
+    return redirect(url_for("admin.project_page", name=target.project), 303)

@@ -114,8 +114,7 @@ def history_estimate(conn: Redis, status: BuildStatus) -> float | None:
     spec = status.spec
     if not spec.get("project") or not spec.get("cuda"):
         return None
-    queue = status.meta.get("queue") or queue_name(str(spec["cuda"]),
-                                                   str(spec.get("machine", "x86_64")))
+    queue = queue_name(str(spec["cuda"]), str(spec.get("machine", "x86_64")))
     durations = finished_durations(conn, queue, str(spec["project"]), exclude=status.job_id)
     return statistics.median(durations) if durations else None
 

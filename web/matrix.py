@@ -17,6 +17,7 @@ from packaging.version import InvalidVersion, Version
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, tags_serve
 from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidVariant
+from wheelhouse.jobmeta import JobMeta
 from wheelhouse.queue import BuildState, all_build_jobs, state_of
 from wheelhouse.variants import Variant
 from wheelhouse.wheels import split_variant_label
@@ -162,7 +163,8 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
                        device_code=record.build.device_code_summary(), label=label))
     if conn is not None:
         for job in jobs if jobs is not None else all_build_jobs(conn):
-            spec = job.meta.get("spec") or {}
+            meta = JobMeta.from_meta(job.meta)
+            spec = meta.spec
             try:
                 variant = Variant.of(spec["torch"], spec["cuda"], spec.get("archs") or (),
                                      spec.get("cxx11abi")).key
@@ -171,12 +173,10 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
             except (KeyError, TypeError, InvalidVariant):
                 continue  # not one of ours
             state = state_of(job)
-            failure = job.meta.get("failure") or {}
-            progress = job.meta.get("progress")
+            failed = meta.failure if state is BuildState.FAILED else None
             place(proj, job_version, variant, python, Cell(
-                state.value, job_id=job.id,
-                progress=(int(progress[0]), int(progress[1])) if progress else None,
-                reason=failure.get("reason") if state is BuildState.FAILED else None))
+                state.value, job_id=job.id, progress=meta.progress,
+                reason=(failed.reason or None) if failed is not None else None))
     for pm in by_project.values():
         versions = {k[0] for k in pm.cells}
         pm.versions = sorted(versions, key=_version_key, reverse=True)

@@ -1,7 +1,7 @@
 """What a build measured, in one type: carried by the wheel's record, the job's meta and a failure.
 
 The worker fills a :class:`BuildFacts` step by step; it is stored as JSON in the published
-record (``Record.build``), in the RQ job's meta (``meta["build"]``) for the build page, and on a
+record (``Record.build``), in the RQ job's meta (``JobMeta.build``) for the build page, and on a
 :class:`~wheelhouse.errors.BuildFailed` for the fleet's counters. Records are immutable and
 outlive the code that wrote them, so :meth:`BuildFacts.from_dict` accepts older and newer
 records: a missing key is unknown, an unknown key is ignored, a mistyped value is dropped.

@@ -30,6 +30,7 @@ from rq.utils import import_attribute
 
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import FailureKind, InvalidBuildSpec, RefusedJob
+from wheelhouse.jobmeta import Failure, JobMeta
 
 #: The one function a build job may name. By path, so that the web never imports the worker.
 JOB_FUNCTION = "worker.jobs.run_build"
@@ -157,8 +158,8 @@ class BuildJob(Job):
     def perform(self) -> Any:
         if self.refusal is not None:
             # Recorded first, so that the worker doesn't retry it and the build page says why.
-            self.meta = {"phase": "failed", "failure": {"kind": FailureKind.REFUSED_JOB.value,
-                                                        "reason": self.refusal}}
+            self.meta = JobMeta(phase="failed",
+                                failure=Failure(FailureKind.REFUSED_JOB, self.refusal)).to_meta()
             self.save_meta()  # type: ignore[no-untyped-call]
             raise RefusedJob(self.refusal)
         return super().perform()

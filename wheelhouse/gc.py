@@ -16,7 +16,16 @@ from packaging.version import Version
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import DEFAULT_PUBLISH_TIMEOUT
 from wheelhouse.errors import InvalidWheel
-from wheelhouse.layout import CLAIMS, LOGS, QUARANTINE, RECORDS, WHEELS, Record, record_key
+from wheelhouse.layout import (
+    CLAIMS,
+    LOGS,
+    QUARANTINE,
+    RECORDS,
+    WHEELS,
+    YANKS,
+    Record,
+    record_key,
+)
 from wheelhouse.publish import bump_generation, read_claim
 from wheelhouse.storage import LocalStorage, Storage
 from wheelhouse.variants import Variant
@@ -69,8 +78,9 @@ def plan(
             out.append(Deletion(obj.key, obj.size, upload, partial=True))
     out.extend(_orphan_claims(storage, {r.key for r in records}, claim_timeout, now))
     if keep_versions is not None:
-        # Logs and quarantine markers exist for some wheels only: list what is there.
-        sometimes = {o.key: o.size for prefix in (LOGS, QUARANTINE) for o in storage.list(prefix)}
+        # Logs, quarantine and yank markers exist for some wheels only: list what is there.
+        sometimes = {o.key: o.size for prefix in (LOGS, QUARANTINE, YANKS)
+                     for o in storage.list(prefix)}
         out.extend(_prune(records, keep_versions, sometimes))
     return out
 
@@ -117,7 +127,7 @@ def _prune(records: list[Record], keep: int, sometimes: dict[str, int]) -> list[
             if Version(r.version).public not in doomed:
                 continue
             for key, what in r.keys().items():
-                if key.startswith((LOGS, QUARANTINE)) and key not in sometimes:
+                if key.startswith((LOGS, QUARANTINE, YANKS)) and key not in sometimes:
                     continue
                 size = r.size if key == r.wheel_key else sometimes.get(key, 0)
                 why = (f"older than the newest {keep} versions" if key == r.key

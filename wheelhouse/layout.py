@@ -135,6 +135,9 @@ class Record:
     """Set on the variant form of a wheel (:mod:`wheelhouse.variantwheels`): listed by the
     plain root ``/simple/`` only, never by a variant root. Stored beside the wheel it was made
     from (the same base variant)."""
+    variant_of: str | None = None
+    """On a variant form: the file name of the wheel it was made from, so that yanking or
+    deleting that wheel takes its variant form along (:mod:`wheelhouse.manage`)."""
 
     @property
     def wheel_key(self) -> str:
@@ -180,8 +183,9 @@ class Record:
         data["variant"] = self.variant.key
         data["archs"] = None if self.archs is None else list(self.archs)
         data["build"] = self.build.to_dict()
-        if self.variant_label is None:
-            del data["variant_label"]  # so that servers older than variant wheels read it
+        for optional in ("variant_label", "variant_of"):
+            if data[optional] is None:
+                del data[optional]  # so that servers older than variant wheels read it
         return json.dumps(data, sort_keys=True, indent=1).encode()
 
     @classmethod

@@ -31,8 +31,6 @@ from wheelhouse.layout import (
     AUDIT,
     RECORDS,
     Record,
-    claim_key,
-    quarantine_key,
     yank_key,
 )
 from wheelhouse.publish import bump_generation
@@ -98,6 +96,7 @@ def find(storage: Storage, target: Target) -> list[Record]:
     prefixes = ([f"{RECORDS}{target.variant.base.key}/{target.project}/"]
                 if target.variant is not None else [RECORDS])
     out = []
+    forms: list[Record] = []  # variant forms (``/simple/``): they go with their source
     for prefix in prefixes:
         for o in storage.list(prefix):
             parts = o.key.removeprefix(RECORDS).split("/")
@@ -111,6 +110,10 @@ def find(storage: Storage, target: Target) -> list[Record]:
                 continue  # unreadable: the catalog does not list it either
             if target.matches(record):
                 out.append(record)
+            elif record.variant_of is not None:
+                forms.append(record)
+    sources = {(r.variant.base.key, r.filename) for r in out}
+    out += [r for r in forms if (r.variant.base.key, r.variant_of) in sources]
     if not out:
         raise NothingPublished(f"nothing published matches {target}")
     return sorted(out, key=lambda r: (r.variant.key, r.filename))
@@ -143,9 +146,9 @@ def delete(storage: Storage, target: Target, *, who: str, reason: str = "") -> l
         _delete_quietly(storage, r.key)
     bump_generation(storage)  # unlisted now, before the bytes go
     for r in records:
-        for key in (r.wheel_key, r.metadata_key, claim_key(r.variant.base, r.filename),
-                    yank_key(r.key), quarantine_key(r.key)):
-            _delete_quietly(storage, key)
+        for key in r.keys():  # every key the publication owns (wheelhouse.layout)
+            if key != r.key:
+                _delete_quietly(storage, key)
     _done(storage, Action.DELETE, records, who, reason)
     return records
 

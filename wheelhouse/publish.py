@@ -241,7 +241,7 @@ def publish_variant_form(storage: Storage, path: Path, source: Record, *,
                 source, filename=vpath.name, version=str(meta.version), archs=archs,
                 sha256=sha256_file(vpath), size=vpath.stat().st_size,
                 metadata_sha256=hashlib.sha256(metadata).hexdigest(), yanked=False,
-                variant_label=label)
+                variant_label=label, variant_of=source.filename)
             try:
                 published = _write(storage, record, vpath, metadata, claim_timeout, by)
             except AlreadyPublished as exc:

@@ -4,14 +4,13 @@ and scan RQ's registries (every build job at once; durations of finished builds)
 Jobs are JSON naming ``worker.jobs.run_build`` by path (``wheelhouse.buildjob``), so the web
 never imports the worker and a job is data, never code. One spec has one deterministic job id:
 a second request finds the queued, running or finished job; a failed one is only re-run when
-asked to. The worker reports through the job's meta (phase, progress, MAX_JOBS, failure, the
-build's facts) and a capped Redis list (the live log).
+asked to. The worker reports through the job's meta, one :class:`~wheelhouse.jobmeta.JobMeta`
+(phase, progress, the build's facts, the outcome), and a capped Redis list (the live log).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -21,6 +20,7 @@ from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import FailureKind, UnservableSpec
 from wheelhouse.fleet import explain_unservable
+from wheelhouse.jobmeta import JobMeta
 from wheelhouse.retry import ABANDONED_JOBS
 
 if TYPE_CHECKING:
@@ -70,8 +70,6 @@ class BuildStatus:
     failure_kind: FailureKind | None = None
     reason: str | None = None
     """One line: why it failed (or what it built)."""
-    max_jobs: int | None = None
-    max_jobs_reason: str | None = None
     wheel: str | None = None
     log_key: str | None = None
     """Storage key of the full log, once the build ended."""
@@ -82,12 +80,19 @@ class BuildStatus:
     started_at: datetime | None = None
     ended_at: datetime | None = None
     build: BuildFacts = field(default_factory=BuildFacts)
-    """What the build has measured so far (``meta["build"]``)."""
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    """What the build has measured so far (``JobMeta.build``)."""
 
     @property
     def finished(self) -> bool:
         return self.state in (BuildState.BUILT, BuildState.FAILED, BuildState.CANCELLED)
+
+    @property
+    def max_jobs(self) -> int | None:
+        return self.build.max_jobs.jobs if self.build.max_jobs is not None else None
+
+    @property
+    def max_jobs_reason(self) -> str | None:
+        return self.build.max_jobs.reason if self.build.max_jobs is not None else None
 
 
 @dataclass(frozen=True)
@@ -114,8 +119,9 @@ def state_of(job: Job) -> BuildState:
     """A job's build state; for jobs fetched in bulk as much as one by one."""
     status = job.get_status(refresh=False)
     state = _STATES.get(str(getattr(status, "value", status)), BuildState.QUEUED)
-    kind = FailureKind.parse((job.meta.get("failure") or {}).get("kind"))
-    if state is BuildState.FAILED and kind is FailureKind.CANCELLED:
+    failure = JobMeta.from_meta(job.meta).failure
+    if state is BuildState.FAILED and failure is not None \
+            and failure.kind is FailureKind.CANCELLED:
         return BuildState.CANCELLED
     return state
 
@@ -164,7 +170,7 @@ def enqueue_build(
             retry=Retry(max=ABANDONED_JOBS.retries,
                         interval=[int(ABANDONED_JOBS.delay(i))
                                   for i in range(ABANDONED_JOBS.retries)]),
-            meta={"spec": spec.to_dict(), "phase": "queued"},
+            meta=JobMeta(spec=spec.to_dict(), phase="queued").to_meta(),
         )
     except DuplicateJobError:
         job = fetch_job(conn, job_id)
@@ -177,28 +183,24 @@ def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
     job = fetch_job(conn, job_id)
     if job is None:
         return None
-    meta = dict(job.meta)
+    meta = JobMeta.from_meta(job.meta)
     state = state_of(job)
-    failure = meta.get("failure") or {}
-    progress = meta.get("progress")
     position = None
     if state is BuildState.QUEUED:
         from rq import Queue
 
         position = Queue(job.origin, connection=conn).get_job_position(job_id)
-    reason = failure.get("reason")
-    if state is BuildState.FAILED and reason is None:
+    reason = meta.failure.reason if meta.failure is not None else None
+    if state is BuildState.FAILED and not reason:
         latest = job.latest_result()
         reason = _last_line(latest.exc_string if latest is not None else None)
     return BuildStatus(
-        job_id=job_id, state=state, spec=meta.get("spec") or {}, phase=meta.get("phase"),
-        progress=(int(progress[0]), int(progress[1])) if progress else None,
-        failure_kind=FailureKind.parse(failure.get("kind")), reason=reason or meta.get("summary"),
-        max_jobs=meta.get("max_jobs"), max_jobs_reason=meta.get("max_jobs_reason"),
-        wheel=meta.get("wheel"), log_key=meta.get("log_key"), position=position,
-        enqueued_at=_utc(job.enqueued_at), started_at=_utc(job.started_at),
-        ended_at=_utc(job.ended_at),
-        build=BuildFacts.from_dict(meta.get("build")), meta=meta,
+        job_id=job_id, state=state, spec=dict(meta.spec), phase=meta.phase,
+        progress=meta.progress,
+        failure_kind=meta.failure.kind if meta.failure is not None else None,
+        reason=reason or meta.summary, wheel=meta.wheel, log_key=meta.log_key,
+        position=position, enqueued_at=_utc(job.enqueued_at), started_at=_utc(job.started_at),
+        ended_at=_utc(job.ended_at), build=meta.build,
     )
 
 
@@ -314,7 +316,7 @@ def finished_durations(conn: Redis, queue: str, project: str, *, exclude: str | 
     for job in BuildJob.fetch_many(ids, connection=conn, serializer=SERIALIZER):
         if job is None or job.started_at is None or job.ended_at is None:
             continue
-        if (job.meta.get("spec") or {}).get("project") == project:
+        if JobMeta.from_meta(job.meta).project == project:
             durations.append((_utc(job.ended_at) - _utc(job.started_at)).total_seconds())
     return durations
 

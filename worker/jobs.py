@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed
 from wheelhouse.fleet import build_id_prefix
+from wheelhouse.jobmeta import Failure, JobMeta
 from wheelhouse.queue import append_log, cancel_requested
 from wheelhouse.stats import record_build
 from wheelhouse.storage import open_storage
@@ -31,17 +33,20 @@ PROGRESS_SAVE_INTERVAL = 1.0
 
 
 class RedisReporter(Reporter):
-    """Reports into the RQ job's meta and the live log list; a Redis hiccup never fails a build."""
+    """Reports into the RQ job's meta (one :class:`JobMeta`) and the live log list; a Redis
+    hiccup never fails a build."""
 
     def __init__(self, conn: Redis, job: Job) -> None:
         self.conn = conn
         self.job = job
+        self.meta = JobMeta.from_meta(job.meta)
         self._saved_at = 0.0
         self._dirty = False
 
     def _save(self, force: bool = False) -> None:
         from redis.exceptions import RedisError
 
+        self.job.meta = self.meta.to_meta()
         now = time.monotonic()
         if not force and now - self._saved_at < PROGRESS_SAVE_INTERVAL:
             self._dirty = True
@@ -53,21 +58,22 @@ class RedisReporter(Reporter):
         except RedisError as exc:
             log.warning("could not save progress of %s: %s", self.job.id, exc)
 
+    def begin(self) -> None:
+        """A new attempt of the job: its spec stays, what an earlier attempt reported goes."""
+        self.finish(JobMeta(spec=self.meta.spec, phase=self.meta.phase))
+
     def report(self, event: BuildEvent) -> None:
         match event:
             case PhaseBegan(name):
-                self.job.meta["phase"] = name
+                self.meta = replace(self.meta, phase=name)
                 self._save(force=True)
             case Progress(done, total):
-                self.job.meta["progress"] = [done, total]
+                self.meta = replace(self.meta, progress=(done, total))
                 self._save()
             case LogLines(lines):
                 self._append_log(list(lines))
             case Measured(facts):
-                self.job.meta["build"] = facts.to_dict()
-                if facts.max_jobs is not None:
-                    self.job.meta.update(max_jobs=facts.max_jobs.jobs,
-                                         max_jobs_reason=facts.max_jobs.reason)
+                self.meta = replace(self.meta, build=facts)
                 self._save(force=True)
 
     def _append_log(self, lines: list[str]) -> None:
@@ -88,8 +94,9 @@ class RedisReporter(Reporter):
         except RedisError:
             return False
 
-    def finish(self, **fields: Any) -> None:
-        self.job.meta.update(fields)
+    def finish(self, meta: JobMeta) -> None:
+        """The job's meta from now on (its outcome), saved at once."""
+        self.meta = meta
         self._save(force=True)
 
 
@@ -118,7 +125,7 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
     config = Config.from_env()
     spec = BuildSpec.from_dict(spec_data)
     reporter = RedisReporter(job.connection, job)
-    reporter.finish(failure=None, started=time.time())
+    reporter.begin()
     try:
         result = build.run_build(
             spec, config=config, storage=open_storage(config), reporter=reporter,
@@ -127,16 +134,17 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
         )
     except BuildFailed as exc:
         facts = exc.facts or BuildFacts()
-        reporter.finish(phase="failed", failure={"kind": exc.kind.value, "reason": exc.reason},
-                        log_key=log_key(spec), build=facts.to_dict())
+        reporter.finish(replace(reporter.meta, phase="failed",
+                                failure=Failure(exc.kind, exc.reason), log_key=log_key(spec),
+                                build=facts))
         _count(job.connection, exc.kind.value, facts)
         raise
     if not result.already_published:
         _count(job.connection, "built", result.build)
     summary = ("already published" if result.already_published
                else f"built in {result.seconds:.0f} s")
-    reporter.finish(phase="published", wheel=result.record.filename, summary=summary,
-                    log_key=result.log_key, build=result.build.to_dict())
+    reporter.finish(replace(reporter.meta, phase="published", wheel=result.record.filename,
+                            summary=summary, log_key=result.log_key, build=result.build))
     return {"wheel": result.record.filename, "variant": result.record.variant.key,
             "sha256": result.record.sha256, "already_published": result.already_published,
             "seconds": round(result.seconds, 1)}

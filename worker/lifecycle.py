@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
 from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
+from wheelhouse.jobmeta import JobMeta
 from wheelhouse.retry import WORKER_RECONNECT
 from worker.reaper import pid_alive
 
@@ -79,11 +80,10 @@ def _build_worker_class() -> type[Any]:
             from rq.exceptions import NoSuchJobError
 
             try:
-                failure = job.get_meta(refresh=True).get("failure") or {}
+                failure = JobMeta.from_meta(job.get_meta(refresh=True)).failure
             except (NoSuchJobError, RedisError):  # keep RQ's own behaviour then
-                failure = {}
-            kind = failure.get("kind")
-            if kind is not None and kind != FailureKind.INFRASTRUCTURE.value:
+                failure = None
+            if failure is not None and failure.kind is not FailureKind.INFRASTRUCTURE:
                 job.retries_left = 0
             super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
                                        exc_string=exc_string)

@@ -60,6 +60,29 @@ def test_an_admin_yanks_and_unyanks_from_the_project_page(redis_url: str, tmp_pa
     close_redis(app)
 
 
+def test_an_admin_deletes_from_the_project_page_only_when_confirmed(
+        redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    app = make_app(redis_url, tmp_path)
+    with app.app_context():
+        storage = services().storage
+    wheel = make_wheel(tmp_path / "w", "demo", f"1.0+{V.local_label}")
+    record = publish(storage, wheel, V)
+    client = app.test_client()
+    sign_in(client, token(conn, "ops", ("admin",)))
+    form = client.get("/projects/demo").text
+    assert ">Delete</button>" in form
+    fields = {"filename": wheel.name, "variant": V.key, "csrf_token": csrf_of(form)}
+    unconfirmed = client.post("/projects/demo/delete", data=fields)
+    assert unconfirmed.status_code == 400 and "confirm" in unconfirmed.text
+    assert storage.exists(record.wheel_key)
+    done = client.post("/projects/demo/delete", data={**fields, "confirm": wheel.name})
+    assert done.status_code == 303
+    assert not storage.exists(record.key) and not storage.exists(record.wheel_key)
+    assert client.get(f"/{V.key}/simple/demo/").status_code == 404
+    assert [(e["action"], e["by"]) for e in audit_entries(storage)] == [("delete", "token ops")]
+    close_redis(app)
+
+
 def test_uploads_are_relabelled_when_the_operator_says_so(tmp_path: Path) -> None:
     config = Config(storage=str(tmp_path / "data"), upstream="off", upload_relabel=True)
     wheel = make_wheel(tmp_path, "plain", "1.0")

@@ -449,9 +449,11 @@ def test_an_unreachable_upstream_leaves_a_free_text_version(
 
 
 def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
+    jobs = MaxJobs(jobs=6, reason="6 jobs of 5.0 GiB fit in 31 GiB free",
+                   per_thread_bytes=5 * 1024**3, nvcc_threads=1, available_bytes=31 * 1024**3,
+                   reserve_bytes=1024**3, cores=16, learned=True)
     job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile", progress=[12, 96],
-                        max_jobs=6, max_jobs_reason="6 jobs of 5.0 GiB fit in 31 GiB free",
-                        build={"peak_tree_bytes": 3 * 1024**3})
+                        build=BuildFacts(max_jobs=jobs, peak_tree_bytes=3 * 1024**3).to_dict())
     append_log(conn, job_id, ["[11/96] nvcc flash_fwd_hdim64.cu", "[12/96] nvcc flash_bwd.cu"])
     page = client.get(f"/builds/{job_id}").text
     assert 'id="state" class="state building">building' in page

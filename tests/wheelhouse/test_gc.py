@@ -12,6 +12,7 @@ from wheelhouse import gc, verify
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.layout import claim_key, wheel_key
+from wheelhouse.manage import Target, yank
 from wheelhouse.publish import Claim, publish
 from wheelhouse.storage import S3Storage, Storage
 from wheelhouse.variants import parse_variant
@@ -60,7 +61,8 @@ def test_prune_keeps_newest(storage: Storage, tmp_path: Path) -> None:
 
 def test_prune_takes_the_logs_and_quarantine_markers_too(storage: Storage,
                                                          tmp_path: Path) -> None:
-    """Every key a pruned wheel owns goes, not only its record, files and claim."""
+    """Every key a pruned wheel owns goes, not only its record, files and claim (its log,
+    quarantine marker and yank marker too)."""
     for v in ("1.0", "2.0", "3.0"):
         _publish(storage, tmp_path, v)
     old, kept = (next(r for r in Catalog(storage, 0).all_records() if r.version.startswith(v))
@@ -70,6 +72,8 @@ def test_prune_takes_the_logs_and_quarantine_markers_too(storage: Storage,
     storage.put_bytes(old.wheel_key, storage.get_bytes(old.wheel_key)[:-10])
     assert verify.quarantine(storage, verify.verify(storage)) == (1, 0)
     assert storage.exists(old.quarantine_key)
+    yank(storage, Target.parse(old.filename), who="test")
+    assert storage.exists(old.yank_key)
     before = {o.key for o in storage.list("")}
     doomed = gc.plan(storage, keep_versions=2)
     assert doomed[0].key == old.key  # unlisted first

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import make_wheel
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.catalog import Catalog, Record
 from wheelhouse.errors import InvalidTarget, NothingPublished
 from wheelhouse.manage import Target, audit_entries, delete, unyank, yank
@@ -64,3 +65,21 @@ def test_a_name_deleted_and_published_again_is_read_again(local_storage: LocalSt
     assert new.filename == old.filename and new.sha256 != old.sha256
     catalog.refresh()
     assert [r.sha256 for r in catalog.files(V, new.project)] == [new.sha256]
+
+
+def test_the_variant_form_goes_with_its_wheel(storage: Storage, tmp_path: Path) -> None:
+    """Yanking or deleting a wheel with GPU code takes the variant form that ``/simple/``
+    lists along (it names its source), and delete removes every key either one owns."""
+    wheel = make_wheel(tmp_path / "gpu", "demo", f"1.0+{V.local_label}")
+    source = publish(storage, wheel, V, build=BuildFacts(
+        device_code={"demo/_C.so": {"sass": ["90"], "ptx": []}}))
+    catalog = Catalog(storage, refresh_seconds=0)
+    [form] = catalog.variant_files(source.project)
+    assert form.variant_of == source.filename
+    changed = yank(storage, Target.parse("demo==1.0", V.key), who="t", reason="bad")
+    assert sorted(r.filename for r in changed) == sorted([source.filename, form.filename])
+    assert [r.yanked for r in catalog.variant_files(source.project)] == ["bad"]
+    delete(storage, Target.parse(source.filename), who="t")
+    assert catalog.variant_files(source.project) == []
+    for record in (source, form):
+        assert not any(storage.exists(key) for key in record.keys())
