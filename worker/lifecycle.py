@@ -190,7 +190,7 @@ def sweep_stale(conn: Redis, config: Config, *, name: str) -> str:
     live = {prefix + job_id for job_id in live_builds_on_host(conn, exclude=name)}
     sandbox = Sandbox.from_config(config)
     report = sweep_orphans(live, id_prefix=prefix,
-                           uids=sandbox.build_uids if sandbox is not None else ())
+                           uids=sandbox.range_uids if sandbox is not None else ())
     removed = 0
     workspace = Path(config.workspace)
     if workspace.is_dir():

@@ -23,7 +23,14 @@ from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, San
 from worker.failures import classify_install
 from worker.governor import MemoryGovernor
 from worker.reaper import BuildProcess, Outcome
-from worker.sandbox import DiskQuota, Layout, Sandbox, startup_check
+from worker.sandbox import (
+    DiskQuota,
+    Layout,
+    Sandbox,
+    TreeLimits,
+    startup_check,
+    writable_place,
+)
 from worker.steps.context import BuildContext
 
 log = logging.getLogger("wheelhouse.worker")
@@ -55,6 +62,8 @@ class Runner:
     deadline: float
     """``time.monotonic()`` past which the build is killed."""
     timeout: float
+    uid_lock: int | None = None
+    """The lock on the build uid :meth:`Sandbox.claim` gave this build; :meth:`close` frees it."""
 
     @classmethod
     def start(cls, ctx: BuildContext, *, deadline: float, timeout: float) -> Runner:
@@ -65,6 +74,11 @@ class Runner:
         if why is not None:
             raise SandboxUnavailable(why)
         sandbox = Sandbox.from_config(ctx.config)
+        uid_lock = None
+        if sandbox is not None:
+            # A uid no other build on this host holds (docs/security.md, the sandbox's edge).
+            sandbox, uid_lock = sandbox.claim(
+                wait=_waiter(ctx, deadline, "a free build uid (WHEELHOUSE_BUILD_UID_RANGE)"))
         if sandbox is None:
             warning = ("WARNING: this build runs unsandboxed (WHEELHOUSE_BUILD_SANDBOX=off): "
                        "the sdist's code runs as the worker's user, sees its files and "
@@ -75,7 +89,12 @@ class Runner:
         else:
             ctx.say(f"sandbox: {sandbox.describe()}")
             ctx.journal.measured(sandbox=sandbox.describe())
-        return cls(ctx, sandbox, deadline, timeout)
+        return cls(ctx, sandbox, deadline, timeout, uid_lock)
+
+    def close(self) -> None:
+        """Hand the build's uid back; call it once none of the build's processes lives."""
+        if self.uid_lock is not None:
+            os.close(self.uid_lock)
 
     def sandboxed(self, argv: Sequence[str], *, env: dict[str, str], cwd: Path,
                   what: str, read_only: Iterable[Path | None] = (),
@@ -97,6 +116,9 @@ class Runner:
         layout = Layout.in_workspace(self.ctx.workspace,
                                      read_only=[p for p in read_only if p is not None],
                                      writable=[*writable, *shared_paths])
+        for path in layout.all_writable:  # only places the worker knows how to read back
+            writable_place(path, build=self.ctx.workspace, source=self.ctx.source_root,
+                           cache=Path(self.ctx.config.workspace).resolve() / "sccache")
         uids: frozenset[int] = frozenset()
         if self.sandbox is None:
             for path in layout.all_writable:
@@ -113,7 +135,8 @@ class Runner:
             shared=shared_paths)
         shown = [*(["[unsandboxed]"] if self.sandbox is None else ["[sandbox]"]), *argv]
         return self._supervise(wrapped, env=run_env, cwd=cwd, what=what, shown=shown,
-                               uids=uids, quota=quota, governor_reserve=governor_reserve)
+                               uids=uids, quota=quota, governor_reserve=governor_reserve,
+                               limits=TreeLimits.from_config(self.ctx.config))
 
     def install(self, argv: list[str], *, env: dict[str, str], what: str) -> None:
         """Run one of the worker's installers (uv) in the workspace, outside the sandbox.
@@ -143,7 +166,8 @@ class Runner:
     def _supervise(self, argv: list[str], *, env: dict[str, str], cwd: Path,
                    what: str, shown: Sequence[str] | None = None,
                    uids: frozenset[int] = frozenset(), quota: DiskQuota | None = None,
-                   governor_reserve: int | None = None) -> Ran:
+                   governor_reserve: int | None = None,
+                   limits: TreeLimits | None = None) -> Ran:
         """Run one program under the reaper until it ends, the deadline passes or the build is
         cancelled; the governor and ``quota`` (past it: killed, too-large) tick meanwhile."""
         ctx = self.ctx
@@ -154,7 +178,8 @@ class Runner:
         read_end, write_end = os.pipe()
         try:
             bp = BuildProcess.start(argv, build_id=ctx.build_id, env=env, cwd=cwd,
-                                    stdout=write_end, uids=uids)
+                                    stdout=write_end, uids=uids,
+                                    memory_max=limits.max_bytes if limits else None)
         except BaseException:
             os.close(read_end)
             raise
@@ -181,6 +206,8 @@ class Runner:
                 governor.tick()
             if quota is not None:
                 quota.check()
+            if limits is not None:  # processes and memory (past them: killed, too-large)
+                limits.check(bp.processes)
             ctx.log.pump()
 
         try:
@@ -227,3 +254,23 @@ class Runner:
         if unsatisfiable is not None:
             return unsatisfiable.error()
         return InfrastructureError(f"{what} failed (exit {ran.returncode}): {last[:300]}")
+
+
+def _waiter(ctx: BuildContext, deadline: float, what: str) -> Callable[[], None]:
+    """Called between tries while a build waits for something of the host's: says so once,
+    and ends the wait on a cancel or the deadline (:class:`BuildFailed`)."""
+    said = False
+
+    def wait() -> None:
+        nonlocal said
+        if not said:
+            said = True
+            ctx.say(f"waiting for {what}: as many builds as it allows run on this host now")
+        if ctx.journal.should_cancel():
+            raise BuildFailed(FailureKind.CANCELLED, f"cancelled while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise BuildFailed(FailureKind.TIMEOUT,
+                              f"the build ran past its deadline waiting for {what}")
+        time.sleep(1.0)
+
+    return wait

@@ -23,25 +23,31 @@ An sdist is arbitrary code. Everything that runs it (metadata preparation, the b
   identity behind them (documented as the weaker mode; :meth:`Sandbox.describe` says which).
 
 What leaves the sandbox is only what the worker reads back from the writable paths after the
-sandbox's processes are all dead: :func:`take_wheel` copies out one regular file, never following
-a link the build may have planted. :class:`DiskQuota` caps what a build writes.
+sandbox's processes are all dead, and only by descriptor (:mod:`worker.safefs`):
+:func:`take_wheel` copies out one regular file, never following a link the build may have
+planted. :class:`DiskQuota` caps what a build writes, :class:`TreeLimits` its processes and
+memory; :mod:`worker.seccomp` denies it user namespaces and kernel keyrings.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import psutil
+
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable, UnsafePath
+from worker import safefs, seccomp
 
 MODES = ("on", "off")
 """Values of ``WHEELHOUSE_BUILD_SANDBOX``; ``off`` is the only way to build unsandboxed."""
@@ -90,6 +96,36 @@ class Layout:
         return (self.home, self.tmp, *self.writable)
 
 
+#: Every directory a build can write, named relative to the places it lies in (``{build}``: the
+#: build's workspace, ``{source}``: its project version's source path, ``{cache}``: the compile
+#: cache's root), and all the worker does there once the build's processes are dead. A step
+#: that gives a build anything else writable is refused (:func:`writable_place`); the table in
+#: docs/security.md lists these, and a test keeps the two equal.
+BUILD_WRITABLE: dict[str, str] = {
+    "{build}/home": "nothing; removed with the workspace, by descriptor",
+    "{build}/tmp": "nothing; removed with the workspace, by descriptor",
+    "{build}/dist": "take_wheel: one regular file copied out by descriptor, size-capped",
+    "{build}/sccache": "read_stats: stats.json read by descriptor, size-capped, never blocking",
+    "{build}/load-check": "nothing; removed with the workspace, by descriptor",
+    "{source}": "nothing; removed by descriptor when the build ends",
+    "{cache}/<project>/cu<cuda>": "pull creates fresh entries, push copies entries out, both "
+                                  "by descriptor and of sccache's layout only",
+}
+
+
+def writable_place(path: Path, *, build: Path, source: Path, cache: Path) -> str:
+    """The :data:`BUILD_WRITABLE` name of ``path``; :class:`SandboxUnavailable` for a path
+    that is not one of them (a step that would hand the build a place nobody checked)."""
+    if path == source:
+        return "{source}"
+    if path.parent == build and f"{{build}}/{path.name}" in BUILD_WRITABLE:
+        return f"{{build}}/{path.name}"
+    if path.parent.parent == cache and path.name.startswith("cu"):
+        return "{cache}/<project>/cu<cuda>"
+    raise SandboxUnavailable(f"{path} is not a registered build-writable place "
+                             "(worker.sandbox.BUILD_WRITABLE)")
+
+
 def python_prefix(python: Path) -> Path | None:
     """The installation a venv's interpreter belongs to (``pyvenv.cfg``'s ``home``, one up).
 
@@ -108,6 +144,20 @@ def python_prefix(python: Path) -> Path | None:
     return None
 
 
+def uid_range(text: str) -> tuple[int, int]:
+    """``WHEELHOUSE_BUILD_UID_RANGE`` (``65500-65531``, or one uid) as (first, last)."""
+    first, sep, last = text.strip().partition("-")
+    try:
+        low, high = int(first), int(last if sep else first)
+    except ValueError:
+        raise ValueError(f"WHEELHOUSE_BUILD_UID_RANGE must be FIRST-LAST, got {text[:40]!r}"
+                         ) from None
+    if not 0 < low <= high or high - low > 65535:
+        raise ValueError(f"WHEELHOUSE_BUILD_UID_RANGE must be FIRST-LAST of unprivileged uids "
+                         f"(not 0), got {text[:40]!r}")
+    return low, high
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """How this worker sandboxes builds; build one with :meth:`from_config`."""
@@ -119,6 +169,18 @@ class Sandbox:
     tmpfs_bytes: int = TMPFS_BYTES
     as_root: bool = field(default_factory=lambda: os.geteuid() == 0)
     """Whether the worker is root (a real second identity) or not (a user namespace)."""
+    uids: tuple[int, int] = (0, 0)
+    """The configured range (first, last) :meth:`claim` takes a build's uid from."""
+    max_processes: int = 0
+    """RLIMIT_NPROC of the build's uid (root workers; 0: none)."""
+    seccomp_dir: Path | None = None
+    """Where the worker keeps the seccomp filter (:mod:`worker.seccomp`); None: no filter."""
+    slots_dir: Path | None = None
+    """Where the locks of claimed uids live."""
+
+    def __post_init__(self) -> None:
+        if self.as_root and (self.uid <= 0 or self.gid <= 0):
+            raise ValueError("WHEELHOUSE_BUILD_UID_RANGE must name unprivileged uids (not 0)")
 
     @classmethod
     def from_config(cls, config: Config) -> Sandbox | None:
@@ -129,23 +191,57 @@ class Sandbox:
                              f"{config.build_sandbox[:40]!r}")
         if mode == "off":
             return None
-        sandbox = cls(uid=config.build_uid, gid=config.build_gid,
-                      bwrap=config.build_sandbox_bwrap)
-        if sandbox.as_root and (sandbox.uid <= 0 or sandbox.gid <= 0):
-            raise ValueError("WHEELHOUSE_BUILD_UID and WHEELHOUSE_BUILD_GID must name an "
-                             "unprivileged user and group (not 0)")
-        return sandbox
+        first, last = uid_range(config.build_uid_range)
+        workspace = Path(config.workspace).resolve()
+        return cls(uid=first, gid=first, bwrap=config.build_sandbox_bwrap, uids=(first, last),
+                   max_processes=max(0, config.build_max_processes),
+                   seccomp_dir=workspace / ".sandbox" if seccomp.supported() else None,
+                   slots_dir=workspace / ".sandbox" / "uids")
+
+    def claim(self, *, wait: Callable[[], None] | None = None) -> tuple[Sandbox, int | None]:
+        """This sandbox with a uid of the range no other build on this host holds, and the lock
+        that holds it (close it when the build's processes are all gone).
+
+        Builds of different projects, or two at once, then never share a uid: not its kernel
+        keyring, its process limit, its files in shared places. All taken: ``wait`` is called
+        between tries (it raises to give up). A worker that is not root has one identity only.
+        """
+        if not self.as_root or self.slots_dir is None:
+            return self, None
+        self.slots_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            for uid in range(self.uids[0], self.uids[1] + 1):
+                fd = os.open(self.slots_dir / str(uid),
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                return replace(self, uid=uid, gid=uid), fd
+            if wait is None:
+                raise SandboxUnavailable(f"every build uid of {self.uids[0]}-{self.uids[1]} is "
+                                         "in use (WHEELHOUSE_BUILD_UID_RANGE)")
+            wait()
 
     @property
     def build_uids(self) -> frozenset[int]:
         """The uids the build's processes have on the host (the reaper looks for these)."""
         return frozenset({self.uid if self.as_root else os.getuid()})
 
+    @property
+    def range_uids(self) -> frozenset[int]:
+        """Every uid any build on this host may run as (orphans of dead builds have these)."""
+        if not self.as_root:
+            return self.build_uids
+        return frozenset(range(self.uids[0], self.uids[1] + 1)) | {self.uid}
+
     def describe(self) -> str:
         """One line for the worker's start-up log and the build record."""
         if self.as_root:
             return (f"bubblewrap: build user {self.uid}:{self.gid}, own PID, mount, network, "
-                    "IPC and UTS namespaces")
+                    "IPC and UTS namespaces, no user namespaces or keyrings"
+                    + (f", at most {self.max_processes} processes" if self.max_processes else ""))
         return (f"bubblewrap in a user namespace: the worker is not root, so builds keep its uid "
                 f"{os.getuid()} outside; own PID, mount, network, IPC and UTS namespaces")
 
@@ -189,7 +285,7 @@ class Sandbox:
             raise SandboxUnavailable(f"{path}: {exc.strerror}") from None
         if stat.S_ISLNK(own.st_mode) and not link_ok:
             raise SandboxUnavailable(f"{path} is a link; writable paths must be real directories")
-        if parent.st_uid in self.build_uids - {os.getuid()}:
+        if parent.st_uid in self.range_uids - {os.getuid()}:
             raise SandboxUnavailable(f"{path} lies in a directory the build user owns")
 
     def environment(self, env: Mapping[str, str], layout: Layout) -> dict[str, str]:
@@ -259,11 +355,24 @@ class Sandbox:
                                          "installed")
             for cap in _DROP_CAPS:
                 out += ["--cap-add", cap]
-            out += ["--", setpriv, "--reuid", str(self.uid), "--regid", str(self.gid),
+            out.append("--")
+            if self.max_processes > 0:
+                # Before the drop: the limit counts the build uid's tasks from its first fork.
+                prlimit = shutil.which("prlimit")
+                if prlimit is None:
+                    raise SandboxUnavailable("prlimit (util-linux) is not installed")
+                out += [prlimit, f"--nproc={self.max_processes}:{self.max_processes}", "--"]
+            out += [setpriv, "--reuid", str(self.uid), "--regid", str(self.gid),
                     "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
                     "--no-new-privs", "--"]
         else:
             out.append("--")
+        if self.seccomp_dir is not None:
+            # bubblewrap reads the filter from a descriptor: a shell opens the worker's file as
+            # descriptor 9 and execs bubblewrap (arguments as positional parameters, unparsed).
+            filter_file = seccomp.write_filter(self.seccomp_dir)
+            out = ["/bin/sh", "-c", 'exec 9<"$1" || exit 1; shift; exec "$0" "$@"', out[0],
+                   str(filter_file), "--seccomp", "9", *out[1:]]
         return [*out, *argv]
 
 
@@ -466,27 +575,106 @@ class DiskQuota:
 # --- what leaves the sandbox --------------------------------------------------------------
 
 
-def take_wheel(dist: Path, dest: Path) -> Path:
+MAX_WHEEL_BYTES = 16 * GIB
+"""Largest wheel the worker copies out of a build (flash-attn's are a few hundred MiB)."""
+
+
+def take_wheel(dist: Path, dest: Path, *, max_bytes: int = MAX_WHEEL_BYTES) -> Path:
     """Copy the one wheel the build left in ``dist`` into ``dest`` (a directory the worker owns).
 
-    Call it only once every process of the sandbox is dead. The build owned ``dist``: a link
-    there (to the worker's credentials, say) or a FIFO is refused, never followed or opened.
+    Call it only once every process of the sandbox is dead. ``dist`` must be a directory the
+    worker created in one the build never had; the build owned what is in it: a link there (to
+    the worker's credentials, say), a FIFO, device or socket is refused (``unsafe-result``),
+    never followed or opened, and the copy stops at ``max_bytes``.
     """
     try:
-        entries = sorted(p for p in dist.iterdir() if p.name.endswith(".whl"))
-    except OSError as exc:
+        dirfd = safefs.open_dir(dist)
+    except (OSError, UnsafePath) as exc:
         raise BuildFailed(FailureKind.COMPILE_ERROR,
-                          f"the build left no output directory: {exc.strerror}") from None
-    if len(entries) != 1:
-        raise BuildFailed(FailureKind.COMPILE_ERROR,
-                          f"the build produced {len(entries)} wheels, expected one")
-    wheel = entries[0]
-    if not stat.S_ISREG(os.lstat(wheel).st_mode):
-        raise BuildFailed(FailureKind.INCOMPATIBLE,
-                          f"{wheel.name[:100]} is not a regular file; refusing to read it")
-    dest.mkdir(parents=True, exist_ok=True)
-    target = dest / wheel.name
-    fd = os.open(wheel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as src, target.open("wb") as out:
-        shutil.copyfileobj(src, out)
+                          f"the build left no output directory: {exc}") from None
+    try:
+        with os.scandir(dirfd) as found:
+            entries = sorted(e.name for e in found if e.name.endswith(".whl"))
+        if len(entries) != 1:
+            raise BuildFailed(FailureKind.COMPILE_ERROR,
+                              f"the build produced {len(entries)} wheels, expected one")
+        name = entries[0]
+        if "/" in name or name.startswith("."):
+            raise BuildFailed(FailureKind.UNSAFE_RESULT, f"{name[:100]!r} is not a wheel's name")
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / name
+        try:
+            safefs.copy_out(dirfd, name, target, max_bytes=max_bytes)
+        except UnsafePath as exc:
+            raise BuildFailed(FailureKind.UNSAFE_RESULT, str(exc)) from None
+    finally:
+        os.close(dirfd)
     return target
+
+
+# --- what one build may hold at once ------------------------------------------------------
+
+
+class TreeLimits:
+    """Caps on a build's processes (and threads) and memory, checked from the reaper's tick.
+
+    The process cap is enforced by the kernel too: a root worker's sandbox sets the build uid's
+    ``RLIMIT_NPROC`` (:attr:`Sandbox.max_processes`), and each build has its own uid
+    (:meth:`Sandbox.claim`), so a fork bomb stops at the cap; reaching it ends the build here,
+    classified, instead of leaving it to fail in whatever way its programs fail. Memory is
+    capped by the build's cgroup (``memory.max``) where the worker has a writable one, and
+    always by this sampled sum of the tree's resident memory: it may overshoot by what the build
+    allocates between two looks, as the disk cap does.
+    """
+
+    def __init__(self, *, max_processes: int, max_bytes: int, every: float = 1.0,
+                 margin: int = 8) -> None:
+        self.max_processes = max_processes
+        self.max_bytes = max_bytes
+        self.every = every
+        self.margin = margin
+        self.peak_processes = 0
+        self.peak_bytes = 0
+        self._next = 0.0
+
+    @classmethod
+    def from_config(cls, config: Config) -> TreeLimits:
+        limit = int(config.build_memory_limit_gib * GIB)
+        if limit <= 0:
+            # The host's memory: a legitimate build that needs more is killed by the kernel
+            # first and retried as oom at half MAX_JOBS (the governor keeps it below anyway);
+            # a lower cap is for hosts that share their memory with more than one build.
+            limit = int(psutil.virtual_memory().total)
+        return cls(max_processes=max(0, config.build_max_processes), max_bytes=limit)
+
+    def check(self, processes: Callable[[], Iterable[psutil.Process]]) -> None:
+        """Measure when due; raise ``BuildFailed`` (too-large) at the caps.
+
+        ``processes`` gives the build's ``psutil.Process`` objects (``BuildProcess.processes``).
+        """
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every
+        tasks = held = 0
+        for proc in processes():
+            try:
+                with proc.oneshot():
+                    tasks += proc.num_threads()
+                    held += proc.memory_info().rss
+            except psutil.Error:
+                continue
+        self.peak_processes = max(self.peak_processes, tasks)
+        self.peak_bytes = max(self.peak_bytes, held)
+        if self.max_processes and tasks >= self.max_processes - self.margin:
+            raise BuildFailed(FailureKind.TOO_LARGE,
+                              f"the build ran {tasks} processes and threads at once, at its cap "
+                              f"of {self.max_processes} (WHEELHOUSE_BUILD_MAX_PROCESSES)")
+        if held > self.max_bytes:
+            raise BuildFailed(FailureKind.TOO_LARGE,
+                              f"the build's processes held {_size(held)} of memory, over the "
+                              f"{_size(self.max_bytes)} cap (WHEELHOUSE_BUILD_MEMORY_LIMIT_GIB)")
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n >> 20} MiB"

@@ -268,8 +268,9 @@ def test_timeout_kills_the_build_and_stores_the_log(tmp_path: Path, cudaext_sdis
         except psutil.Error:
             continue
     assert survivors == []
-    # The workspace is removed, and the unpacked source; only the source path's lock stays.
-    assert [p.name for p in (tmp_path / "work").iterdir()] == ["src"]
+    # The workspace is removed, and the unpacked source; only the source path's lock stays,
+    # and the worker's own directory (the seccomp filter, the build uids' locks).
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == [".sandbox", "src"]
     assert [p.name for p in (tmp_path / "work" / "src").iterdir()] == ["cudaext-0.1.0.lock"]
 
 
@@ -335,8 +336,8 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
     install = next(line for line in ran if "--prefix" in line)
     assert "/venv/bin/python" not in install
     # The build's workspace and its source are gone; the host's compile cache and the source
-    # path's lock stay.
-    assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache"}
+    # path's lock stay, and the worker's own directory (seccomp filter, build uids' locks).
+    assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache", ".sandbox"}
     assert [p.name for p in (tmp_path / "work" / "src").iterdir()] == ["cext-0.1.0.lock"]
 
 
@@ -523,3 +524,51 @@ def test_what_a_build_reports_is_one_stream_and_its_last_facts_are_the_recorded_
     assert build_id_base(measured[-1].build_id) == "build-events-test"
     lines = [line for e in recorder.events if isinstance(e, LogLines) for line in e.lines]
     assert lines[-1].startswith("wheelhouse: FAILED [incompatible]: no CUDA 13.x toolkit")
+
+
+@pytest.mark.parametrize(("requires", "refused"), [
+    (["setuptools>=64", "wheel", "torch", "ninja; python_version >= '3'"], None),
+    (["setuptools", "evil @ file:///root/.aws/credentials"], "direct reference"),
+    (["evil @ https://attacker.example/evil-1.0-py3-none-any.whl"], "direct reference"),
+    (["./vendored/evil"], "not a name and version specifiers"),
+    (["/opt/evil"], "not a name and version specifiers"),
+    (["file:///etc/passwd"], "not a name and version specifiers"),
+])
+def test_build_requirements_are_names_and_specifiers_only(
+        tmp_path: Path, requires: list[str], refused: str | None) -> None:
+    from worker.steps.venv import _pyproject_requires
+
+    (tmp_path / "pyproject.toml").write_text(
+        "[build-system]\nrequires = " + json.dumps(requires) + "\n")
+    if refused is None:
+        from packaging.requirements import Requirement
+
+        assert _pyproject_requires(tmp_path) == [str(Requirement(r)) for r in requires
+                                                 if r != "torch"]
+        return
+    with pytest.raises(BuildFailed, match=refused) as failed:
+        _pyproject_requires(tmp_path)
+    assert failed.value.kind is FailureKind.UNSAFE_REQUIREMENT
+    assert "\n" not in failed.value.reason
+
+
+def test_a_direct_reference_among_the_build_requirements_fails_at_once(
+    tmp_path: Path, toolkit: ToolkitInfo,
+) -> None:
+    """Through the pipeline: refused before anything is installed, in one line."""
+    src = tmp_path / "cext-src"
+    shutil.copytree(FIXTURES / "cext", src)
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "evil @ file:///etc/shadow"]\n')
+    sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+
+    with pytest.raises(BuildFailed) as failed:
+        run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                  toolkits=[toolkit])
+
+    assert failed.value.kind is FailureKind.UNSAFE_REQUIREMENT
+    assert "'evil @ file:///etc/shadow' is a direct reference" in failed.value.reason
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert "FAILED [unsafe-requirement]" in log and "uv pip install" not in log

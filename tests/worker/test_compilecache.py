@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from worker.compilecache import (
     SERVER_MARK,
     CompileCache,
     DiskBackend,
+    evict,
     find_sccache,
     namespace,
     nvcc_cacheable,
@@ -157,10 +159,12 @@ def test_entries_are_shared_through_s3_storage(tmp_path: Path, s3_storage: S3Sto
     first = compile_in(CompileCache(sccache(), host_a, space, tmp_path / "r1",
                                     basedirs=[workspace]), workspace)
     assert first.misses == 1
-    sent = push(s3_storage, space, host_a.path(space), known)
+    scratch = tmp_path / "scratch"
+    sent = push(s3_storage, space, host_a.path(space), known, scratch=scratch)
     keys = [o.key for o in s3_storage.list("sccache/")]
     assert sorted(f"sccache/demo/cu130/{name}" for name in sent) == sorted(keys) and keys
-    assert push(s3_storage, space, host_a.path(space), sent) == set()
+    assert push(s3_storage, space, host_a.path(space), sent, scratch=scratch) == set()
+    assert list(scratch.iterdir()) == []
 
     host_b = DiskBackend(tmp_path / "b")
     fetched, _ = pull(s3_storage, space, host_b.path(space))
@@ -170,18 +174,59 @@ def test_entries_are_shared_through_s3_storage(tmp_path: Path, s3_storage: S3Sto
     assert (second.hits, second.misses) == (1, 0)
 
 
+ENTRY = "8/9/89" + "a" * 62
+OTHER = "8/9/89" + "b" * 62
+PRE = "preprocessor/1/5/6/156" + "c" * 61
+
+
 def test_push_never_follows_links_the_build_planted(tmp_path: Path,
                                                     s3_storage: S3Storage) -> None:
+    """Only regular files of sccache's layout, one link each, read by descriptor, leave."""
     secret = tmp_path / "secret"
     secret.write_text("worker credentials")
     directory = tmp_path / "cache" / "demo" / "cu130"
-    (directory / "a").mkdir(parents=True)
-    (directory / "a" / "entry").write_text("a real entry")
-    (directory / "a" / "link").symlink_to(secret)
-    (directory / "escape").symlink_to(tmp_path)
-    os.link(secret, directory / "a" / "hardlink")
-    assert push(s3_storage, "demo/cu130", directory, set()) == {"a/entry"}
-    assert [o.key for o in s3_storage.list("sccache/")] == ["sccache/demo/cu130/a/entry"]
+    (directory / "8" / "9").mkdir(parents=True)
+    (directory / ENTRY).write_text("a real entry")
+    (directory / OTHER).symlink_to(secret)
+    os.link(secret, directory / "8" / "9" / ("89" + "e" * 62))
+    os.mkfifo(directory / "8" / "9" / ("89" + "f" * 62))
+    (directory / "a").mkdir()
+    (directory / "a" / "entry").write_text("not sccache's layout")
+    (directory / "preprocessor").symlink_to(tmp_path)
+    assert push(s3_storage, "demo/cu130", directory, set(), scratch=tmp_path / "s") == {ENTRY}
+    assert [o.key for o in s3_storage.list("sccache/")] == [f"sccache/demo/cu130/{ENTRY}"]
+
+
+def test_pull_never_writes_through_links_the_build_planted(
+        tmp_path: Path, s3_storage: S3Storage) -> None:
+    """A later pull into a directory an earlier build wrote: a planted link is never written
+    through, entries are created fresh (0600, never setuid), names outside the layout stay in
+    storage."""
+    outside = tmp_path / "site-packages"
+    outside.mkdir()
+    for name in (ENTRY, PRE, "evil.pth", "8/9/x.pth"):
+        s3_storage.put_bytes(f"sccache/demo/cu130/{name}", b"import os  # ran as root")
+    directory = tmp_path / "cache" / "demo" / "cu130"
+    directory.mkdir(parents=True)
+    (directory / "preprocessor").symlink_to(outside)  # what the earlier build left
+    fetched, known = pull(s3_storage, "demo/cu130", directory)
+    assert (fetched, known) == (1, {ENTRY, PRE})
+    assert list(outside.iterdir()) == []
+    made = (directory / ENTRY).stat()
+    assert stat.S_IMODE(made.st_mode) == 0o600 and made.st_size == 24
+    # An entry already there (the build's own, or a link it made) is left as it is.
+    (directory / ENTRY).unlink()
+    (directory / ENTRY).symlink_to(outside / "target")
+    assert pull(s3_storage, "demo/cu130", directory)[0] == 0
+    assert not (outside / "target").exists()
+
+
+def test_evict_keeps_the_newest_entries_within_the_cap(s3_storage: S3Storage) -> None:
+    for name in (ENTRY, OTHER, PRE):
+        s3_storage.put_bytes(f"sccache/demo/cu130/{name}", b"x" * 100)
+    assert evict(s3_storage, "demo/cu130", 250) == 1
+    assert len(list(s3_storage.list("sccache/demo/cu130/"))) == 2
+    assert evict(s3_storage, "demo/cu130", 250) == 0
 
 
 @pytest.mark.slow

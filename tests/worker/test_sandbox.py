@@ -58,8 +58,8 @@ def build_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def sandbox() -> Sandbox:
-    made = Sandbox.from_config(Config())
+def sandbox(tmp_path: Path) -> Sandbox:
+    made = Sandbox.from_config(Config(workspace=str(tmp_path / "work")))
     assert made is not None
     return made
 
@@ -291,17 +291,18 @@ def test_the_check_fails_closed_with_one_line(
 def test_the_check_passes_where_the_sandbox_works_and_cleans_up(tmp_path: Path) -> None:
     config = Config(workspace=str(tmp_path / "work"))
     assert startup_check(config) is None
-    assert list((tmp_path / "work").iterdir()) == []
+    # What stays: the worker's own directory (the seccomp filter, the uid locks).
+    assert [p.name for p in (tmp_path / "work").iterdir()] == [".sandbox"]
 
 
 def test_only_off_runs_unsandboxed(tmp_path: Path) -> None:
     assert Sandbox.from_config(Config(build_sandbox="off")) is None
     assert startup_check(Config(build_sandbox="off", build_sandbox_bwrap="/nonexistent")) is None
-    assert isinstance(Sandbox.from_config(Config()), Sandbox)
+    assert isinstance(Sandbox.from_config(Config(workspace=str(tmp_path))), Sandbox)
     assert Config.from_env({}).build_sandbox == "on"
-    if IS_ROOT:
-        with pytest.raises(ValueError, match="not 0"):
-            Sandbox.from_config(Config(build_uid=0))
+    for bad in ("0-10", "10-5", "x", "65500-"):
+        with pytest.raises(ValueError, match="WHEELHOUSE_BUILD_UID_RANGE"):
+            Sandbox.from_config(Config(workspace=str(tmp_path), build_uid_range=bad))
 
 
 # --- supervision inside the sandbox ---------------------------------------------------------
@@ -426,12 +427,18 @@ def test_take_wheel_copies_one_regular_file_and_refuses_links_and_fifos(
     dist = tmp_path / "dist"
     dist.mkdir()
     (dist / "a-1.0-py3-none-any.whl").symlink_to(secret)
-    with pytest.raises(BuildFailed, match="not a regular file"):
+    with pytest.raises(BuildFailed, match="link") as failed:
         take_wheel(dist, tmp_path / "out")
+    assert failed.value.kind is FailureKind.UNSAFE_RESULT
     (dist / "a-1.0-py3-none-any.whl").unlink()
     os.mkfifo(dist / "a-1.0-py3-none-any.whl")
-    with pytest.raises(BuildFailed, match="not a regular file"):
+    with pytest.raises(BuildFailed, match="FIFO") as failed:
         take_wheel(dist, tmp_path / "out")
+    assert failed.value.kind is FailureKind.UNSAFE_RESULT
+    (dist / "a-1.0-py3-none-any.whl").unlink()
+    (dist / "a-1.0-py3-none-any.whl").write_bytes(b"PK" * 100)
+    with pytest.raises(BuildFailed, match="cap"):
+        take_wheel(dist, tmp_path / "out", max_bytes=100)
     (dist / "a-1.0-py3-none-any.whl").unlink()
     (dist / "a-1.0-py3-none-any.whl").write_bytes(b"PK")
     taken = take_wheel(dist, tmp_path / "out")
@@ -506,3 +513,141 @@ def test_walks_stop_at_the_depth_limit(workspace: Workspace, sandbox: Sandbox) -
         with pytest.raises(BuildFailed, match=f"deeper than {MAX_DEPTH} levels"):
             sandbox.prepare(workspace.layout)
     shutil.rmtree(workspace.src)
+
+
+# --- the edge: what one build may do to the host and to other builds -----------------------
+
+NESTED = """
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+def errno_of(rc):
+    return 'ok' if rc >= 0 else os.strerror(ctypes.get_errno())
+unshare = subprocess.run(['unshare', '--user', '--map-root-user', 'id', '-u'],
+                         capture_output=True, text=True)
+print('unshare-cmd', unshare.returncode, unshare.stderr.strip()[-80:])
+print('unshare-sys', errno_of(libc.unshare(0x10000000)))
+print('add_key', errno_of(libc.syscall(248, b'user', b'canary', b'secret', 6, -4)))
+print('keyctl', errno_of(libc.syscall(250, 0, -4, 0)))
+print('fork', subprocess.run(['true']).returncode)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of x86_64")
+def test_no_user_namespace_and_no_keyring_inside_a_build(
+    workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    build = workspace.start(sandbox, [str(workspace.python), "-c", NESTED])
+    outcome = build.wait(deadline=time.monotonic() + 60)
+    out = workspace.log.read_text()
+    assert outcome.returncode == 0, out
+    said = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in out.splitlines()
+            if line.split(" ", 1)[0] in ("unshare-cmd", "unshare-sys", "add_key", "keyctl",
+                                          "fork")}
+    assert said["unshare-cmd"].startswith("1 ") and "Operation not permitted" in said[
+        "unshare-cmd"], said
+    assert said["unshare-sys"] == "Operation not permitted"
+    assert said["add_key"] == said["keyctl"] == "Operation not permitted"
+    assert said["fork"] == "0"  # threads and processes still start (clone3 falls back)
+
+
+FORK_BOMB = """
+import os, time
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
+    except OSError:
+        time.sleep(0.01)
+"""
+HOG = "import time\nheld = b'x' * (160 << 20)\nprint('holding', flush=True)\ntime.sleep(600)\n"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="RLIMIT_NPROC of a build uid needs a root worker")
+@pytest.mark.parametrize(("what", "code", "limits", "said"), [
+    ("processes", FORK_BOMB, {"max_processes": 48, "max_bytes": 64 * GIB}, "processes"),
+    ("memory", HOG, {"max_processes": 0, "max_bytes": 100 * MiB}, "of memory, over the 100 MiB"),
+], ids=["processes", "memory"])
+def test_a_build_past_its_process_or_memory_cap_ends_classified(
+    workspace: Workspace, sandbox: Sandbox, what: str, code: str, limits: dict[str, int],
+    said: str, artifacts_dir: Path,
+) -> None:
+    from dataclasses import replace
+
+    from worker.sandbox import TreeLimits
+
+    capped = replace(sandbox, max_processes=limits["max_processes"] or sandbox.max_processes)
+    tree = TreeLimits(max_processes=limits["max_processes"], max_bytes=limits["max_bytes"],
+                      every=0.2)
+    started = time.monotonic()
+    build = workspace.start(capped, [str(workspace.python), "-c", code])
+    with pytest.raises(BuildFailed, match=said) as failed:
+        build.wait(deadline=time.monotonic() + 120, on_tick=lambda: tree.check(build.processes),
+                   tick=0.2, grace=0.5)
+    assert failed.value.kind is FailureKind.TOO_LARGE
+    assert build.processes() == []
+    # Figures for docs/security.md.
+    (artifacts_dir / "edge").mkdir(exist_ok=True)
+    (artifacts_dir / "edge" / f"cap-{what}.json").write_text(json.dumps({
+        "reason": failed.value.reason, "seconds to the end": round(time.monotonic() - started, 2),
+        "peak tasks": tree.peak_processes, "peak MiB": tree.peak_bytes >> 20}, indent=1))
+    if what == "processes":
+        # The kernel held it at the cap: never more of the build uid's tasks than RLIMIT_NPROC
+        # allows (besides them, the tree holds bubblewrap's own two processes, root's).
+        assert tree.peak_processes <= limits["max_processes"] + 2
+
+
+LOOK_AROUND = """
+import os, sys
+other_file, other_uid = sys.argv[1], int(sys.argv[2])
+mine = [p for p in os.listdir('/proc') if p.isdigit()]
+owners = set()
+for pid in mine:
+    try:
+        owners.add(os.stat('/proc/' + pid).st_uid)
+    except OSError:
+        pass
+try:
+    open(other_file).read()
+    seen = 'read'
+except OSError as exc:
+    seen = exc.strerror
+print('look', os.getuid(), other_uid in owners, seen)
+"""
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="builds have their own uids only under a root worker")
+def test_two_builds_at_once_have_two_uids_and_see_nothing_of_each_other(
+    tmp_path: Path, build_python: Path, sandbox: Sandbox,
+) -> None:
+    first, lock_a = sandbox.claim()
+    second, lock_b = sandbox.claim()
+    assert lock_a is not None and lock_b is not None
+    try:
+        assert first.uid != second.uid and first.uid in sandbox.range_uids
+        a = Workspace(tmp_path / "work" / "build-a", build_python)
+        b = Workspace(tmp_path / "work" / "build-b", build_python)
+        a.root.mkdir()
+        b.root.mkdir()
+        secret = a.layout.home / "secret"
+        keeper = a.start(first, [str(build_python), "-c",
+                                 f"import time; open({str(secret)!r}, 'w').write('a');"
+                                 "time.sleep(600)"])
+        end = time.monotonic() + 30
+        while not secret.exists():
+            assert time.monotonic() < end, a.log.read_text()
+            time.sleep(0.05)
+        looker = b.start(second, [str(build_python), "-c", LOOK_AROUND, str(secret),
+                                  str(first.uid)])
+        assert looker.wait(deadline=time.monotonic() + 60).returncode == 0, b.log.read_text()
+        keeper.wait(deadline=time.monotonic(), grace=0.5)
+        look = next(line for line in b.log.read_text().splitlines() if line.startswith("look"))
+        assert look == f"look {second.uid} False No such file or directory"
+        assert os.stat(secret).st_uid == first.uid
+    finally:
+        os.close(lock_a)
+        os.close(lock_b)
+    # Released, the first uid is the next build's again.
+    again, lock = sandbox.claim()
+    assert lock is not None and again.uid == first.uid
+    os.close(lock)

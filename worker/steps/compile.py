@@ -5,11 +5,14 @@ one wheel taken out of what the build left.
 What the build wrote is hostile input to the worker. The places here that read or write where
 a build could write are single functions, called while none of its processes runs:
 :func:`read_cache_stats`, :func:`push_cache_entries`, :func:`prepare_attempt` (what the worker
-writes before an attempt, a retry's too) and :func:`take_wheel_out`.
+writes before an attempt, a retry's too) and :func:`take_wheel_out`; each goes through
+:mod:`worker.safefs` (by descriptor, never by path; docs/security.md, "The sandbox's edge").
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +26,7 @@ from wheelhouse.fleet import ToolkitInfo
 from wheelhouse.maxjobs import GIB, decide, record_peaks, reserve_bytes
 from wheelhouse.retry import OOM_COMPILE
 from wheelhouse.storage import LocalStorage
-from worker import compilecache
+from worker import compilecache, safefs
 from worker.buildenv import compile_env
 from worker.capabilities import nvcc_version, usable_cores
 from worker.failures import classify_log
@@ -55,7 +58,16 @@ def compile_wheel(ctx: BuildContext, run: Runner, src: Path, venv: BuildVenv,
     A compile killed for lack of memory is tried once more with half the jobs; any other
     failure is classified from the log (:func:`worker.failures.classify_log`).
     """
-    cache = open_cache(ctx, venv.python, toolkit)
+    cache = open_cache(ctx, run, toolkit)
+    try:
+        return _compile(ctx, run, src, venv, toolkit, jobs, cache)
+    finally:
+        if cache is not None:
+            os.close(cache.lock)  # the project's cache directory is the next build's again
+
+
+def _compile(ctx: BuildContext, run: Runner, src: Path, venv: BuildVenv, toolkit: ToolkitInfo,
+             jobs: MaxJobs, cache: SharedCache | None) -> Path:
     attempt = 1
     while True:
         ctx.journal.phase("compile")
@@ -67,12 +79,13 @@ def compile_wheel(ctx: BuildContext, run: Runner, src: Path, venv: BuildVenv,
         # The compile writes the source tree, dist/ and, with the compile cache, the
         # server's runtime directory and the project's cache directory (docs/compiling.md).
         writable = [ctx.source_root, dist]
+        read_only = [*venv.read_only, Path(toolkit.home), ctx.workspace / "probe-bin"]
         if cache is not None:
             writable.append(cache.cache.runtime_dir)
+            read_only.append(cache.cache.tools)  # launchers and sccache: never the build's
         try:
             ran = run.sandboxed(
-                argv, env=env, cwd=src, what="the compile",
-                read_only=[*venv.read_only, Path(toolkit.home), ctx.workspace / "probe-bin"],
+                argv, env=env, cwd=src, what="the compile", read_only=read_only,
                 writable=writable, governor_reserve=reserve,
                 shared=[cache.cache.directory] if cache is not None else [])
         finally:
@@ -103,7 +116,7 @@ def prepare_attempt(ctx: BuildContext, src: Path, venv: BuildVenv, toolkit: Tool
     compile cache's launchers. An earlier attempt's build could write some of these places.
     Return the compile's argv and environment, and the cache (None once it can't be used)."""
     env = compile_env(ctx.workspace, venv.python, toolkit, jobs, ctx.recipe, ctx.spec.variant)
-    shutil.rmtree(dist, ignore_errors=True)
+    safefs.discard_tree(dist)  # an earlier attempt's, by descriptor
     argv = [str(venv.python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
             "--no-index", "-v", "-w", str(dist), str(src)]
     if cache is not None:
@@ -148,6 +161,8 @@ class SharedCache:
     """This build's compile cache, and what it shares through storage."""
 
     cache: compilecache.CompileCache
+    lock: int
+    """This host's lock on the project's cache directory, held until the compile step ends."""
     nvcc: Path | None
     """The nvcc it caches (None: only the host compiler)."""
     known: set[str] | None
@@ -155,8 +170,10 @@ class SharedCache:
     retry pushes only what it adds."""
 
 
-def open_cache(ctx: BuildContext, python: Path, toolkit: ToolkitInfo) -> SharedCache | None:
-    """This build's compile cache, its entries pulled from storage; None when off."""
+def open_cache(ctx: BuildContext, run: Runner, toolkit: ToolkitInfo) -> SharedCache | None:
+    """This build's compile cache, its entries pulled from storage; None when off, or when
+    another build on this host uses the project's cache directory now (builds have their own
+    uids, so one build at a time writes it)."""
     if not ctx.config.compile_cache:
         return None
     sccache = compilecache.find_sccache()
@@ -164,23 +181,48 @@ def open_cache(ctx: BuildContext, python: Path, toolkit: ToolkitInfo) -> SharedC
     if sccache is None or version is None:
         ctx.say("compile cache off: sccache is not installed on the worker")
         return None
-    # The build (and its sandbox) sees the build venv, not the worker's: sccache goes there,
-    # as a copy: a hard link would share the worker's own binary with the build.
-    inside = python.parent / "sccache"
-    shutil.copy2(sccache, inside)
     space = compilecache.namespace(ctx.spec.project, ctx.spec.cuda)
+    limit = int(ctx.config.compile_cache_max_gib * GIB)
+    backend = compilecache.DiskBackend(Path(ctx.config.workspace).resolve() / "sccache",
+                                       size=f"{max(1, limit // (1024 ** 2))}M")
+    lock = _lock_cache(backend.path(space))
+    if lock is None:
+        ctx.say(f"compile cache off: another build on this host uses {space}'s cache now")
+        return None
+    # The build's tools directory (launchers, sccache), which the sandbox mounts read-only:
+    # sccache is a copy there, as a hard link would share the worker's own binary.
+    tools = ctx.workspace / "sccache-tools"
+    tools.mkdir(exist_ok=True)
+    inside = tools / "sccache"
+    shutil.copy2(sccache, inside)
     cache = compilecache.CompileCache(
-        inside, compilecache.DiskBackend(Path(ctx.config.workspace).resolve() / "sccache"),
-        space, ctx.workspace / "sccache", basedirs=[ctx.workspace, ctx.source_root])
-    known = pull_cache_entries(ctx, cache)
+        inside, backend, space, ctx.workspace / "sccache",
+        basedirs=[ctx.workspace, ctx.source_root], tools_dir=tools)
+    sandbox = run.sandbox
+    owner = (sandbox.uid, sandbox.gid) if sandbox is not None and sandbox.as_root else None
+    known = pull_cache_entries(ctx, cache, owner=owner, max_bytes=limit)
     nvcc = nvcc_version(Path(toolkit.nvcc))
     mm = tuple(int(p) for p in nvcc[0].split(".")) if nvcc else (0, 0)
     cacheable, line = compilecache.nvcc_cacheable(version, (mm[0], mm[1]))
     ctx.say(f"compile cache: {line}")
-    return SharedCache(cache, Path(toolkit.nvcc) if cacheable else None, known)
+    return SharedCache(cache, lock, Path(toolkit.nvcc) if cacheable else None, known)
 
 
-def pull_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache) -> set[str] | None:
+def _lock_cache(directory: Path) -> int | None:
+    """This host's lock on a project's cache directory, or None while another build holds it."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory.with_name(directory.name + ".lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def pull_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache, *,
+                       owner: tuple[int, int] | None, max_bytes: int) -> set[str] | None:
     """Fetch the namespace's entries from storage (not with local storage: the host's cache
     is the cache); return the names storage holds, or None when nothing is shared."""
     if isinstance(ctx.storage, LocalStorage):
@@ -188,7 +230,8 @@ def pull_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache) -> s
     try:
         fetched, known = ctx.retried(
             "fetching the compile cache",
-            lambda: compilecache.pull(ctx.storage, cache.space, cache.directory))
+            lambda: compilecache.pull(ctx.storage, cache.space, cache.directory, owner=owner,
+                                      max_bytes=max_bytes))
     except BuildFailed as exc:  # the cache is an optimization: build without the pull
         ctx.say(f"compile cache not fetched from storage: {exc.reason}")
         return None
@@ -221,9 +264,18 @@ def push_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache,
     try:
         sent = ctx.retried("storing the compile cache",
                            lambda: compilecache.push(ctx.storage, cache.space, cache.directory,
-                                                     known))
+                                                     known, scratch=ctx.workspace / "sccache-push"))
     except BuildFailed as exc:
         ctx.say(f"compile cache not stored: {exc.reason}")
         return
     known |= sent
     ctx.say(f"compile cache: {len(sent)} new entries stored")
+    try:
+        evicted = compilecache.evict(ctx.storage, cache.space,
+                                     int(ctx.config.compile_cache_max_gib * GIB))
+    except (OSError, WheelhouseError) as exc:  # e.g. worker credentials that can't delete
+        ctx.say(f"compile cache not evicted in storage: {exc}")
+        return
+    if evicted:
+        ctx.say(f"compile cache: {evicted} oldest entries evicted from storage "
+                "(WHEELHOUSE_COMPILE_CACHE_MAX_GIB)")

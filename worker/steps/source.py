@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 from wheelhouse.buildfacts import AppliedPatch
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.patches import apply_patches
+from worker import safefs
 from worker.runner import Runner
 from worker.sdist import SdistLimits, download_sdist, find_sdist, unpack
 from worker.steps.context import BuildContext
@@ -45,12 +45,12 @@ def unpacked(ctx: BuildContext, run: Runner, given: Path | None) -> Iterator[Sou
     ctx.journal.measured(sdist=sdist.name)
     lock = _lock(ctx, run)
     try:
-        shutil.rmtree(ctx.source_root, ignore_errors=True)  # a crashed build's leftovers
+        safefs.discard_tree(ctx.source_root)  # a crashed build's leftovers, by descriptor
         src = unpack(sdist, ctx.source_root, limits=limits)
         yield Source(src, _patch(ctx, src))
     finally:
         if not ctx.keep_workspace:
-            shutil.rmtree(ctx.source_root, ignore_errors=True)
+            safefs.discard_tree(ctx.source_root)  # the build wrote it: by descriptor
         os.close(lock)  # closing the descriptor releases the lock
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wheelhouse.errors import BuildFailed, FailureKind
+from worker import safefs
 from worker.buildenv import install_env, sanitized_env
 from worker.runner import Runner
 from worker.sandbox import python_prefix
@@ -107,25 +108,45 @@ def _check_torch(ctx: BuildContext, run: Runner, venv: BuildVenv) -> None:
                           f"spec asks for {int(spec.cxx11abi)}")
 
 
+MAX_PYPROJECT_BYTES = 1024 * 1024
+
+
 def _pyproject_requires(src: Path) -> list[str]:
-    """``[build-system] requires`` of the sdist, minus torch (which the spec pins)."""
+    """``[build-system] requires`` of the sdist, minus torch (which the spec pins).
+
+    The worker installs these outside the sandbox, so each must be a name and version
+    specifiers: a direct reference (``name @ file:///…``, ``name @ https://…``) or a local path
+    would make it read its own disk into the build or connect where the sdist says, and fails
+    the build at once (``unsafe-requirement``).
+    """
     import tomllib
 
     from packaging.requirements import InvalidRequirement, Requirement
 
-    path = src / "pyproject.toml"
-    if not path.is_file():
-        return []
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        text = safefs.read_text(src, "pyproject.toml", max_bytes=MAX_PYPROJECT_BYTES)
+    except FileNotFoundError:
         return []
+    except OSError as exc:  # UnsafePath among them: a link, a FIFO, too big
+        raise BuildFailed(FailureKind.UNSAFE_ARCHIVE, f"pyproject.toml: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return []
+    requires = data.get("build-system", {}).get("requires", [])
     out = []
-    for raw in data.get("build-system", {}).get("requires", []):
+    for raw in requires if isinstance(requires, list) else []:
         try:
             req = Requirement(str(raw))
         except InvalidRequirement:
-            continue
+            raise BuildFailed(FailureKind.UNSAFE_REQUIREMENT,
+                              f"build requirement {str(raw)[:200]!r} is not a name and version "
+                              "specifiers (a local path?); workers install only those") from None
+        if req.url is not None:
+            raise BuildFailed(FailureKind.UNSAFE_REQUIREMENT,
+                              f"build requirement {str(raw)[:200]!r} is a direct reference; "
+                              "workers install only names and version specifiers from the "
+                              "configured index")
         if req.name.lower() != "torch":
             out.append(str(req))
     return out

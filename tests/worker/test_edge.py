@@ -1,0 +1,143 @@
+"""The sandbox's edge, through the real pipeline: nothing a build leaves behind steers the worker.
+
+The C extension fixture, built by :func:`worker.build.run_build` in the real sandbox with S3
+storage (moto over HTTP), attacks what the worker does after each sandboxed program
+(``tests/fixtures/cext/hostile_edge.py``): links where the worker used to write before an
+out-of-memory retry, a faked out-of-memory kill, a FIFO where the worker reads the compile
+cache's statistics and a link to the worker's secret where it takes the wheel. An earlier build
+of the same project is played by the test: it left links in the project's compile cache
+directory, and storage holds entries (one named as sccache names them) that the pull would have
+written through those links into a directory the worker's own Python reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import fake_cuda_toolkit
+from tests.worker.conftest import FIXTURES, build_config, make_sdist
+from wheelhouse.buildspec import BuildSpec
+from wheelhouse.config import Config
+from wheelhouse.errors import BuildFailed, FailureKind
+from wheelhouse.fleet import ToolkitInfo
+from wheelhouse.storage import open_storage
+from worker import runner as runner_module
+from worker.build import log_key, run_build
+from worker.sandbox import BUILD_WRITABLE, writable_place
+
+pytestmark = pytest.mark.sandbox
+
+CEXT = BuildSpec.create("cext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
+                        archs=["sm80"])
+ENTRY = "8/9/89" + "a" * 62
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_a_build_that_attacks_the_edge_ends_classified_or_correct(
+    tmp_path: Path, s3_config: Config, monkeypatch: pytest.MonkeyPatch, artifacts_dir: Path,
+) -> None:
+    secret = tmp_path / "worker-secret"
+    canary = "canary-worker-secret-edge"
+    secret.write_text(canary)
+    victim = tmp_path / "site-packages"  # stands for a directory the worker's Python reads
+    victim.mkdir()
+    (victim / "published.whl").write_bytes(b"another project's wheel")
+    config = replace(build_config(tmp_path), storage=s3_config.storage,
+                     s3_endpoint_url=s3_config.s3_endpoint_url)
+    storage = open_storage(config)
+    # The earlier build of this project: links in its cache directory, entries in storage.
+    cache_dir = Path(config.workspace).resolve() / "sccache" / "cext" / "cu130"
+    cache_dir.mkdir(parents=True)
+    (cache_dir / "8").symlink_to(victim)
+    (cache_dir / "preprocessor").symlink_to(victim)
+    for name in (ENTRY, "9/sitecustomize.py", "x.pth"):
+        storage.put_bytes(f"sccache/cext/cu130/{name}", b"import os  # would run as the worker")
+    src = tmp_path / "cext-src"
+    shutil.copytree(FIXTURES / "cext", src)
+    (src / "build-options.json").write_text(json.dumps(
+        {"edge": {"victim_dir": str(victim), "secret": str(secret)}}))
+    sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
+    home = fake_cuda_toolkit(tmp_path / "cuda-13.0", "13.0")
+    toolkit = ToolkitInfo(cuda="13.0", home=str(home), nvcc=str(home / "bin" / "nvcc"),
+                          release="V13.0.93")
+    # Every place the build was given writable, as the worker named it.
+    places: set[str] = set()
+    real_place = runner_module.writable_place
+
+    def recording(path: Path, **where: Path) -> str:
+        name = real_place(path, **where)
+        places.add(name)
+        return name
+
+    monkeypatch.setattr(runner_module, "writable_place", recording)
+    before = _tree(victim)
+    started = time.monotonic()
+
+    failed: BuildFailed | None = None
+    try:
+        result = run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                           toolkits=[toolkit], max_jobs=2, keep_workspace=True)
+    except BuildFailed as exc:
+        failed = exc
+    seconds = time.monotonic() - started
+
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    done = json.loads(next(Path(config.workspace).glob("src/cext-0.1.0/cext-0.1.0/"
+                                                       "edge-done.json")).read_text())
+    # The faked out-of-memory kill was retried, after the planted links had been left.
+    assert done["oom"] and done["did"]["watcher"] == "started", log[-3000:]
+    assert "retrying once with MAX_JOBS=1" in log
+    assert all(v == "planted" for k, v in done["did"].items() if k.startswith("link ")), done
+    # Nothing was written through a link: the directory the links pointed at is as it was, and
+    # the worker's secret left in no wheel, log or object.
+    assert _tree(victim) == before
+    assert canary not in log
+    for obj in storage.list(""):
+        assert canary.encode() not in storage.get_bytes(obj.key), obj.key
+    # Classified or correct: a link where the wheel should be is refused, never followed; a
+    # FIFO where the statistics should be is never opened (the worker did not hang on it).
+    if failed is not None:
+        assert failed.kind is FailureKind.UNSAFE_RESULT, failed
+        assert "link" in failed.reason
+        assert not list(storage.list("wheels/"))
+    else:
+        assert result.record.filename == CEXT.expected_wheel_name
+        assert done["did"].get("wheel") is None
+    if done["did"].get("stats.json") == "a FIFO":
+        # read_stats refused it: the retry's statistics are not in the log.
+        assert " hits, " not in log.rsplit("retrying once", 1)[-1]
+    # The places the build could write are the registered ones, and the docs list them all.
+    assert places <= set(BUILD_WRITABLE), places
+    assert {"{build}/dist", "{build}/sccache", "{source}", "{cache}/<project>/cu<cuda>"} <= places
+    documented = DOCS.read_text()
+    assert all(f"`{name}`" in documented for name in BUILD_WRITABLE)
+
+    out = artifacts_dir / "edge"
+    out.mkdir(exist_ok=True)
+    (out / "pipeline.json").write_text(json.dumps({
+        "outcome": failed.kind.value if failed else "built",
+        "reason": failed.reason if failed else None,
+        "seconds": round(seconds, 1), "build": done,
+        "writable places": sorted(places)}, indent=1, sort_keys=True))
+
+
+def test_an_unregistered_writable_place_is_refused(tmp_path: Path) -> None:
+    from wheelhouse.errors import SandboxUnavailable
+
+    where = {"build": tmp_path / "b", "source": tmp_path / "src" / "p-1", "cache": tmp_path / "c"}
+    assert writable_place(tmp_path / "b" / "dist", **where) == "{build}/dist"
+    assert writable_place(tmp_path / "c" / "p" / "cu130", **where) == "{cache}/<project>/cu<cuda>"
+    for path in (tmp_path / "b" / "venv", tmp_path / "b", tmp_path / "elsewhere",
+                 tmp_path / "c" / "p"):
+        with pytest.raises(SandboxUnavailable, match="not a registered"):
+            writable_place(path, **where)
