@@ -15,7 +15,7 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     """Build the WSGI application; gunicorn runs ``web:create_app()``."""
     # Imported here, not above: ``wheelhouse serve`` (web.cli) sets PROMETHEUS_MULTIPROC_DIR
     # before the app's modules import prometheus_client, which reads it once, on import.
-    from web.app import create_app as build
+    from web.app import create_app as build  # noqa: PLC0415 (see above)
 
     return build(config, storage=storage)
 

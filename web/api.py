@@ -85,7 +85,7 @@ def create_builds() -> Response:
         builds.append({
             "id": r.job_id, "python": r.spec.python, "variant": r.spec.variant.key,
             "state": r.state, "created": r.created, "wheel": r.wheel,
-            "url": url_for("pages.build", job_id=r.job_id, _external=True),
+            "url": url_for("buildpage.build", job_id=r.job_id, _external=True),
             "api": url_for("api.build", job_id=r.job_id, _external=True),
         })
     warnings = sorted({r.warning for r in results if r.warning})
@@ -101,7 +101,7 @@ def build(job_id: str) -> Response:
     if status is None:
         raise NotFound("no such build")
     view = build_view(conn, status, base_url(), services().catalog)
-    view["urls"] = {"page": url_for("pages.build", job_id=job_id),
+    view["urls"] = {"page": url_for("buildpage.build", job_id=job_id),
                     "log": url_for("api.build_log", job_id=job_id),
                     "cancel": url_for("api.cancel", job_id=job_id)}
     return _no_store(jsonify(view))

@@ -7,7 +7,23 @@ import logging
 from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
-from web import admin, api, auth, errors, files, guard, home, ops, pages, simple, upload
+from web import (
+    admin,
+    api,
+    auth,
+    buildpage,
+    errors,
+    files,
+    filters,
+    guard,
+    home,
+    matrixpage,
+    ops,
+    requestpage,
+    signin,
+    simple,
+    upload,
+)
 from web.fastpath import CachedPages
 from web.guard import RequestGuard
 from web.services import Services
@@ -18,7 +34,8 @@ from wheelhouse.storage import Storage
 log = logging.getLogger(__name__)
 
 #: The blueprints the app serves, in registration order.
-BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, pages.bp, upload.bp, admin.bp)
+BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, signin.bp, matrixpage.bp,
+              requestpage.bp, buildpage.bp, upload.bp, admin.bp)
 
 
 class _LazySessions(SecureCookieSessionInterface):
@@ -54,6 +71,7 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     errors.register(app, svc)
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
+    filters.init_app(app)
     # Request ids first: even a request that read protection refuses carries one.
     ops.init_app(app, svc)
     auth.init_app(app, svc)

@@ -19,8 +19,10 @@ import click
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
+from web import create_app
 from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import ENV_PREFIX, Config
+from wheelhouse.localredis import private_redis
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
@@ -32,8 +34,6 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
     """
 
     def __init__(self, config: Config, options: dict[str, Any]) -> None:
-        from web import create_app
-
         self.application = create_app(config)
         self.options = options
         super().__init__()
@@ -108,8 +108,6 @@ def _start_single_box(stack: contextlib.ExitStack, config: Config) -> Config:
     """A private Redis if needed, and ``wheelhouse worker`` beside the index; both are stopped
     when the server exits (the ExitStack unwinds on gunicorn's SystemExit too). Returns the
     config the index and the worker share (with the private Redis's URL)."""
-    from wheelhouse.localredis import private_redis
-
     if not config.redis_url:
         url = stack.enter_context(private_redis(Path(config.workspace)))
         config = config.replace(redis_url=url)
@@ -157,7 +155,9 @@ def _group_gone(proc: subprocess.Popen[bytes], timeout: float) -> bool:
 
 
 def _child_exit(_server: Any, worker: Any) -> None:
-    from prometheus_client import multiprocess
+    # Not above: prometheus_client reads PROMETHEUS_MULTIPROC_DIR once, on import, and
+    # ``serve`` sets it only after this module is loaded.
+    from prometheus_client import multiprocess  # noqa: PLC0415
 
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
 

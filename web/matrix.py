@@ -19,7 +19,7 @@ from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidVariant
 from wheelhouse.jobmeta import JobMeta
 from wheelhouse.queue import BuildState, all_build_jobs, state_of
-from wheelhouse.variants import Variant
+from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import split_variant_label
 
 if TYPE_CHECKING:
@@ -87,8 +87,6 @@ def _version_key(v: str) -> tuple[int, Version | str]:
 
 def _torch_of(key: str) -> str | None:
     try:
-        from wheelhouse.variants import parse_variant
-
         return parse_variant(key).torch
     except InvalidVariant:
         return None
@@ -96,8 +94,6 @@ def _torch_of(key: str) -> str | None:
 
 def _variant_sort(key: str) -> tuple[int, Variant | str]:
     try:
-        from wheelhouse.variants import parse_variant
-
         return (1, parse_variant(key))
     except InvalidVariant:
         return (0, key)

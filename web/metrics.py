@@ -16,6 +16,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     generate_latest,
+    multiprocess,
     values,
 )
 from prometheus_client.core import (
@@ -24,9 +25,13 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
+from rq import Queue
+from rq.registry import StartedJobRegistry
 
 from wheelhouse.catalog import Catalog
 from wheelhouse.errors import QueueUnavailable
+from wheelhouse.stats import snapshot
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -92,8 +97,6 @@ class Metrics:
         """The exposition text and its content type."""
         registry = CollectorRegistry()
         if self.multiprocess:
-            from prometheus_client import multiprocess
-
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         else:
             for collector in (self.requests, self.bytes, self.page_cache,
@@ -127,19 +130,12 @@ class _LiveCollector(Collector):
         yield age
         if self.redis is None:
             return
-        from redis.exceptions import RedisError
-
         try:
             yield from self._builds()
         except (QueueUnavailable, RedisError):
             return  # the build figures are missing from this scrape; the rest still counts
 
     def _builds(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
-        from rq import Queue
-        from rq.registry import StartedJobRegistry
-
-        from wheelhouse.stats import snapshot
-
         conn = self.redis
         assert conn is not None
         depth = GaugeMetricFamily("wheelhouse_queue_depth", "Builds waiting, by queue",

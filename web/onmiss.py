@@ -13,6 +13,7 @@ import logging
 
 from packaging.utils import NormalizedName
 from packaging.version import Version
+from redis.exceptions import RedisError
 
 from web.builds import serves
 from web.services import Services
@@ -52,8 +53,6 @@ def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
         return None
     python, cpu = asked
     newest = max(Version(r.version) for r in files).public
-    from redis.exceptions import RedisError
-
     try:
         # The spec says which wheel this installer needs; its tags_match is the one rule.
         spec = BuildSpec.create(project, newest, python=python, torch=variant.torch,

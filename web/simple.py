@@ -239,7 +239,7 @@ def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]
     if services().redis is not None:
         query = urlencode([("project", project), ("torch", variant.torch),
                            ("cuda", variant.cuda), *(("archs", a) for a in variant.archs)])
-        lines.append(f"Request a build: {base_url}{url_for('pages.request_form')}?{query}")
+        lines.append(f"Request a build: {base_url}{url_for('requestpage.request_form')}?{query}")
         lines.append(f"  or: wheelhouse request {project}==VERSION {spec} --python 3.X "
                      f"--server {base_url}")
     else:

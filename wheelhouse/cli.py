@@ -16,6 +16,7 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -99,8 +100,6 @@ def main(ctx: click.Context) -> None:
 def _storage_place(config: Config) -> tuple[str, bool]:
     """Where ``config.storage`` is, in words a user can find (an absolute directory, or the S3
     URL and endpoint), and whether it is a local directory that does not exist yet."""
-    from urllib.parse import urlsplit
-
     url = urlsplit(config.storage)
     if url.scheme == "s3":
         at = f" at {config.s3_endpoint_url}" if config.s3_endpoint_url else ""
@@ -122,11 +121,12 @@ def _storage_place(config: Config) -> tuple[str, bool]:
 def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: bool,
             archs: tuple[str, ...]) -> None:
     """Publish existing wheels into a variant's index."""
-    from wheelhouse.ownership import check_upstream
-    from wheelhouse.publish import publish as do_publish
-    from wheelhouse.storage import open_storage
-    from wheelhouse.variants import normalize_arch, parse_variant
-    from wheelhouse.wheels import parse_name
+    # Imported when the command runs: every `wheelhouse` call loads this module.
+    from wheelhouse.ownership import check_upstream  # noqa: PLC0415
+    from wheelhouse.publish import publish as do_publish  # noqa: PLC0415
+    from wheelhouse.storage import open_storage  # noqa: PLC0415
+    from wheelhouse.variants import normalize_arch, parse_variant  # noqa: PLC0415
+    from wheelhouse.wheels import parse_name  # noqa: PLC0415
 
     try:
         variant = parse_variant(variant_key)
@@ -162,8 +162,9 @@ def gc(config: Config, older_than: float, keep_versions: int | None, do_apply: b
 
     A claim is an orphan when its publication wrote no record within WHEELHOUSE_PUBLISH_TIMEOUT.
     """
-    from wheelhouse import gc as collector
-    from wheelhouse.storage import open_storage
+    # Imported when the command runs: every `wheelhouse` call loads this module.
+    from wheelhouse import gc as collector  # noqa: PLC0415
+    from wheelhouse.storage import open_storage  # noqa: PLC0415
 
     storage = open_storage(config)
     doomed = collector.plan(storage, leftover_age=older_than * 3600, keep_versions=keep_versions,
@@ -190,8 +191,9 @@ def verify(config: Config, do_quarantine: bool) -> None:
 
     Prints each missing, truncated or mismatched file and exits 1 if there is any.
     """
-    from wheelhouse import verify as checker
-    from wheelhouse.storage import open_storage
+    # Imported when the command runs: every `wheelhouse` call loads this module.
+    from wheelhouse import verify as checker  # noqa: PLC0415
+    from wheelhouse.storage import open_storage  # noqa: PLC0415
 
     storage = open_storage(config)
     report = checker.verify(storage)

@@ -8,7 +8,8 @@ import click
 from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
-from wheelhouse.manage import Target, delete, operator, unyank, yank
+from wheelhouse.manage import Target, delete, find, operator, unyank, yank
+from wheelhouse.storage import open_storage
 
 _TARGET = click.argument("target", metavar="PROJECT==VERSION|FILE.whl")
 _VARIANT = click.option("--variant", "variant_key", default=None,
@@ -30,8 +31,6 @@ def _target(spec: str, variant_key: str | None) -> Target:
 @storage_option
 def yank_command(config: Config, target: str, variant_key: str | None, reason: str) -> None:
     """Mark a version (or one file) as yanked (PEP 592): installers skip it unless pinned."""
-    from wheelhouse.storage import open_storage
-
     try:
         records = yank(open_storage(config), _target(target, variant_key), who=operator(),
                        reason=reason)
@@ -48,8 +47,6 @@ def yank_command(config: Config, target: str, variant_key: str | None, reason: s
 @storage_option
 def unyank_command(config: Config, target: str, variant_key: str | None) -> None:
     """List a yanked version (or one file) as installable again."""
-    from wheelhouse.storage import open_storage
-
     try:
         records = unyank(open_storage(config), _target(target, variant_key), who=operator())
     except WheelhouseError as exc:
@@ -71,9 +68,6 @@ def delete_command(config: Config, target: str, variant_key: str | None, reason:
 
     Asks first. Prefer `wheelhouse yank`: installs pinned to a deleted file break.
     """
-    from wheelhouse.manage import find
-    from wheelhouse.storage import open_storage
-
     storage = open_storage(config)
     wanted = _target(target, variant_key)
     try:

@@ -20,6 +20,7 @@ from wheelhouse.cli import pass_config
 from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
 from wheelhouse.queue import BuildState
+from wheelhouse.redisconn import connect
 from wheelhouse.tokens import (
     DEFAULT_SCOPES,
     LEGACY_PATTERNS,
@@ -42,8 +43,6 @@ _ENDED_WITHOUT_WHEEL = (BuildState.FAILED.value, BuildState.CANCELLED.value)
 
 
 def _redis(config: Config) -> Redis:
-    from wheelhouse.redisconn import connect
-
     if not config.redis_url:
         raise click.ClickException("tokens live in Redis: set WHEELHOUSE_REDIS_URL")
     return connect(config, timeout=5)

@@ -12,7 +12,8 @@ from wheelhouse.catalog import Catalog, Record
 from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
-from wheelhouse.storage import Storage
+from wheelhouse.publish import publish_variant_form
+from wheelhouse.storage import Storage, open_storage
 from wheelhouse.wheels import parse_name, split_variant_label
 
 
@@ -34,8 +35,6 @@ def backfill(storage: Storage, *, claim_timeout: float,
              dry_run: bool = False) -> list[Backfilled]:
     """Publish the variant form of every listed wheel that has none; idempotent. Wheels are
     downloaded one at a time to read their device code (the build's findings where recorded)."""
-    from wheelhouse.publish import publish_variant_form
-
     catalog = Catalog(storage, refresh_seconds=0)
     catalog.refresh()
     records = list(catalog.all_records())
@@ -67,8 +66,6 @@ def variants() -> None:
 @storage_option
 def backfill_command(config: Config, dry_run: bool) -> None:
     """Publish the variant form of wheels published before variant wheels existed."""
-    from wheelhouse.storage import open_storage
-
     try:
         done = backfill(open_storage(config), claim_timeout=config.publish_timeout,
                         dry_run=dry_run)

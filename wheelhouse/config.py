@@ -6,9 +6,11 @@ Defaults are defined once here; each can be overridden from the environment as
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import fnmatch
 import functools
+import inspect
 import itertools
 import math
 import os
@@ -390,9 +392,6 @@ def _number(kind: type[int] | type[float], raw: str, name: str) -> int | float:
 
 def documented_settings() -> list[tuple[str, str, str]]:
     """(variable, default, description) for every setting, for the docs and ``--help``."""
-    import ast
-    import inspect
-
     source = inspect.getsource(Config)
     tree = ast.parse(source)
     docs: dict[str, str] = {}

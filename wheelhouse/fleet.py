@@ -11,10 +11,11 @@ version it tried and could not provision is listed in ``unavailable`` with the r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from wheelhouse.buildspec import BuildSpec, queue_name
@@ -125,8 +126,6 @@ def queues_for(toolkit_versions: Iterable[str], machine: str,
 
 def advertise(conn: Redis, ad: WorkerAd, *, ttl: float) -> None:
     """Write (or refresh) the advertisement; it vanishes ``ttl`` seconds after the last beat."""
-    from dataclasses import replace
-
     fresh = replace(ad, heartbeat_at=time.time())
     conn.set(AD_PREFIX + ad.name, fresh.to_json(), px=max(1, int(ttl * 1000)))
 
@@ -199,8 +198,6 @@ def build_id_prefix(conn: Redis) -> str:
     ever touches builds of its own fleet, never those of another deployment on the same host
     (or of ``wheelhouse build``, which runs without Redis).
     """
-    import hashlib
-
     kw = conn.connection_pool.connection_kwargs
     where = f"{kw.get('host', '')}:{kw.get('port', '')}/{kw.get('db', 0)}{kw.get('path', '')}"
     return "wh" + hashlib.sha256(where.encode()).hexdigest()[:8] + "-"

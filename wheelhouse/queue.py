@@ -16,7 +16,17 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast, overload
 
+from rq import Queue, Retry
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.registry import (
+    CanceledJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    StartedJobRegistry,
+)
+
 from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.buildjob import JOB_FUNCTION, SERIALIZER, BuildJob
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import FailureKind, UnservableSpec
 from wheelhouse.fleet import explain_unservable
@@ -26,8 +36,6 @@ from wheelhouse.retry import ABANDONED_JOBS
 if TYPE_CHECKING:
     from redis import Redis
     from rq.job import Job
-
-    from wheelhouse.buildjob import BuildJob
 
 LOG_PREFIX = "wheelhouse:log:"
 LOG_COUNT_PREFIX = "wheelhouse:logn:"
@@ -105,10 +113,6 @@ class Enqueued:
 
 def fetch_job(conn: Redis, job_id: str) -> BuildJob | None:
     """The build job ``job_id`` (read as JSON, never unpickled), or None if there is none."""
-    from rq.exceptions import NoSuchJobError
-
-    from wheelhouse.buildjob import SERIALIZER, BuildJob
-
     try:
         return cast("BuildJob", BuildJob.fetch(job_id, connection=conn, serializer=SERIALIZER))
     except NoSuchJobError:
@@ -141,11 +145,6 @@ def enqueue_build(
     mode and tests). With ``require_worker``, a spec no live worker serves raises
     :class:`UnservableSpec` with a one-line explanation instead of waiting forever.
     """
-    from rq import Queue, Retry
-    from rq.exceptions import DuplicateJobError
-
-    from wheelhouse.buildjob import JOB_FUNCTION, SERIALIZER, BuildJob
-
     if require_worker:
         why = explain_unservable(conn, spec)
         if why is not None:
@@ -187,8 +186,6 @@ def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
     state = state_of(job)
     position = None
     if state is BuildState.QUEUED:
-        from rq import Queue
-
         position = Queue(job.origin, connection=conn).get_job_position(job_id)
     reason = meta.failure.reason if meta.failure is not None else None
     if state is BuildState.FAILED and not reason:
@@ -273,16 +270,6 @@ def log_tail(conn: Redis, job_id: str, lines: int = 200) -> list[str]:
 
 def all_build_jobs(conn: Redis, *, finished_limit: int = 2000) -> list[Job]:
     """Every build job the queues and registries know, fetched in one pipeline."""
-    from rq import Queue
-    from rq.registry import (
-        CanceledJobRegistry,
-        FailedJobRegistry,
-        FinishedJobRegistry,
-        StartedJobRegistry,
-    )
-
-    from wheelhouse.buildjob import SERIALIZER, BuildJob
-
     ids: dict[str, None] = {}
     for queue in Queue.all(connection=conn):
         if not queue.name.startswith("build-"):
@@ -306,10 +293,6 @@ def finished_durations(conn: Redis, queue: str, project: str, *, exclude: str | 
     Looks at the ``scan`` oldest entries of the finished registry, of which the last ``keep``
     (other than ``exclude``) are fetched in one pipeline.
     """
-    from rq.registry import FinishedJobRegistry
-
-    from wheelhouse.buildjob import SERIALIZER, BuildJob
-
     ids = FinishedJobRegistry(queue, connection=conn).get_job_ids(0, scan - 1)
     ids = [i for i in ids if i != exclude][-keep:]
     durations = []

@@ -1,14 +1,18 @@
-"""App fixtures: a real app over real storage (a directory, or the loopback S3 server)."""
+"""App fixtures: a real app over real storage (a directory, or the loopback S3 server), and
+one with a build queue (real Redis) for the build pages, the build API, auth and the guard."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from redis import Redis
 
 from tests.helpers import free_port, make_wheel
+from tests.web.buildhelpers import advertise_worker, close_redis, make_app
 from web import create_app
 from wheelhouse.catalog import Record
 from wheelhouse.config import Config
@@ -35,6 +39,28 @@ def app(app_config: Config) -> Flask:
 @pytest.fixture
 def client(app: Flask) -> FlaskClient:
     return app.test_client()
+
+
+@pytest.fixture
+def queue_app(redis_url: str, tmp_path: Path) -> Iterator[Flask]:
+    """An app with a build queue (real Redis, its own database), over storage in a directory:
+    what the build pages, API, auth and guard do doesn't depend on the kind of storage."""
+    app = make_app(redis_url, tmp_path)
+    yield app
+    close_redis(app)
+
+
+@pytest.fixture
+def queue_client(queue_app: Flask) -> FlaskClient:
+    return queue_app.test_client()
+
+
+@pytest.fixture
+def fleet_client(queue_client: FlaskClient, conn: Redis) -> FlaskClient:
+    """``queue_client`` with one live worker advertised (CUDA 12.8, x86_64), so that builds
+    can be requested."""
+    advertise_worker(conn)
+    return queue_client
 
 
 @pytest.fixture

@@ -17,25 +17,15 @@ from wheelhouse.queue import BuildState, append_log, get_build
 
 
 @pytest.fixture
-def app(redis_url: str, tmp_path: Path) -> Flask:
-    return make_app(redis_url, tmp_path)
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
 def tok(conn: Redis) -> str:
     advertise_worker(conn)
     return token(conn)
 
 
 def test_request_creates_one_build_per_python_and_finds_them_again(
-        client: FlaskClient, tok: str, conn: Redis) -> None:
+        queue_client: FlaskClient, tok: str, conn: Redis) -> None:
     body = {**GOOD, "python": ["3.11", "3.12", "cp311"]}
-    resp = client.post("/api/builds", json=body, headers=bearer(tok))
+    resp = queue_client.post("/api/builds", json=body, headers=bearer(tok))
     assert resp.status_code == 201, resp.json
     builds = resp.json["builds"]
     assert [b["python"] for b in builds] == ["3.11", "3.12"]  # cp311 is 3.11: deduplicated
@@ -48,7 +38,7 @@ def test_request_creates_one_build_per_python_and_finds_them_again(
     status = get_build(conn, spec.job_id)
     assert status is not None and status.state is BuildState.QUEUED
 
-    again = client.post("/api/builds", json=body, headers=bearer(tok))
+    again = queue_client.post("/api/builds", json=body, headers=bearer(tok))
     assert again.status_code == 200
     assert [b["id"] for b in again.json["builds"]] == [b["id"] for b in builds]
     assert not any(b["created"] for b in again.json["builds"])
@@ -79,31 +69,31 @@ def test_torch_and_cuda_are_checked_before_a_build_queues(
     assert "was not checked" in warning and "WHEELHOUSE_TORCH_INDEX_URL" in warning
 
 
-def test_archs_may_be_omitted_for_the_recipe_default(client: FlaskClient, tok: str) -> None:
+def test_archs_may_be_omitted_for_the_recipe_default(queue_client: FlaskClient, tok: str) -> None:
     body = {k: v for k, v in GOOD.items() if k != "archs"}
-    resp = client.post("/api/builds", json=body, headers=bearer(tok))
+    resp = queue_client.post("/api/builds", json=body, headers=bearer(tok))
     assert resp.status_code == 201
     assert resp.json["builds"][0]["variant"] == "torch2.8-cu128"
 
 
 def test_a_published_wheel_is_linked_not_rebuilt(
-        client: FlaskClient, tok: str, conn: Redis, app: Flask, tmp_path: Path) -> None:
+        queue_client: FlaskClient, tok: str, conn: Redis, queue_app: Flask, tmp_path: Path) -> None:
     spec = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.8", cuda="12.8")
     wheel = make_wheel(tmp_path / "w", "flash-attn", str(spec.wheel_version),
                        tag="cp311-cp311-linux_x86_64")
-    publish(app.extensions["wheelhouse"].storage, wheel, spec.variant)
+    publish(queue_app.extensions["wheelhouse"].storage, wheel, spec.variant)
     body = {**GOOD, "archs": [], "python": ["3.11"]}
-    resp = client.post("/api/builds", json=body, headers=bearer(tok))
+    resp = queue_client.post("/api/builds", json=body, headers=bearer(tok))
     assert resp.status_code == 200
     [b] = resp.json["builds"]
     assert b["state"] == "built" and not b["created"] and b["wheel"] == wheel.name
     assert get_build(conn, spec.job_id) is None  # nothing was enqueued
 
 
-def test_any_project_builds_with_the_generic_recipe(client: FlaskClient, tok: str) -> None:
+def test_any_project_builds_with_the_generic_recipe(queue_client: FlaskClient, tok: str) -> None:
     """No recipe of its own is needed: the README's promise, kept by the API."""
-    resp = client.post("/api/builds", json={**GOOD, "project": "Some_CUDA.Ext"},
-                       headers=bearer(tok))
+    resp = queue_client.post("/api/builds", json={**GOOD, "project": "Some_CUDA.Ext"},
+                             headers=bearer(tok))
     assert resp.status_code == 201, resp.json
     [b] = resp.json["builds"]
     assert b["created"] and b["id"].startswith("build-some-cuda-ext-2_8_3-")
@@ -126,49 +116,51 @@ def test_the_operators_allowlist_restricts_projects(
     assert allowed.status_code == 201, allowed.json
 
 
-def test_unservable_combination_is_a_clear_409(client: FlaskClient, tok: str) -> None:
-    resp = client.post("/api/builds", json={**GOOD, "cuda": "13.0"}, headers=bearer(tok))
+def test_unservable_combination_is_a_clear_409(queue_client: FlaskClient, tok: str) -> None:
+    resp = queue_client.post("/api/builds", json={**GOOD, "cuda": "13.0"}, headers=bearer(tok))
     assert resp.status_code == 409
     assert "CUDA 13.0" in resp.json["error"] and "12.8" in resp.json["error"]
 
 
-def test_no_worker_at_all_is_explained(client: FlaskClient, conn: Redis) -> None:
+def test_no_worker_at_all_is_explained(queue_client: FlaskClient, conn: Redis) -> None:
     tok = token(conn)  # no worker advertised
-    resp = client.post("/api/builds", json=GOOD, headers=bearer(tok))
+    resp = queue_client.post("/api/builds", json=GOOD, headers=bearer(tok))
     assert resp.status_code == 409
     assert "no build worker is running" in resp.json["error"]
 
 
-def test_build_status_progress_log_and_cancel(client: FlaskClient, tok: str, conn: Redis) -> None:
-    [b] = client.post("/api/builds", json=GOOD, headers=bearer(tok)).json["builds"]
+def test_build_status_progress_log_and_cancel(queue_client: FlaskClient, tok: str,
+                                              conn: Redis) -> None:
+    [b] = queue_client.post("/api/builds", json=GOOD, headers=bearer(tok)).json["builds"]
     job_id = b["id"]
-    view = client.get(f"/api/builds/{job_id}").json
+    view = queue_client.get(f"/api/builds/{job_id}").json
     assert view["state"] == "queued" and view["position"] == 0
     assert view["spec"]["project"] == "flash-attn"
     assert view["urls"]["page"] == f"/builds/{job_id}"
 
     append_log(conn, job_id, [f"[{i}/10] nvcc kernel_{i}.cu" for i in range(1, 4)])
-    log = client.get(f"/api/builds/{job_id}/log").json
+    log = queue_client.get(f"/api/builds/{job_id}/log").json
     assert log["lines"][-1] == "[3/10] nvcc kernel_3.cu" and log["next"] == 3
     append_log(conn, job_id, ["[4/10] nvcc kernel_4.cu"])
-    more = client.get(f"/api/builds/{job_id}/log?offset={log['next']}").json
+    more = queue_client.get(f"/api/builds/{job_id}/log?offset={log['next']}").json
     assert more["lines"] == ["[4/10] nvcc kernel_4.cu"] and more["next"] == 4
 
-    resp = client.post(f"/api/builds/{job_id}/cancel", headers=bearer(tok))
+    resp = queue_client.post(f"/api/builds/{job_id}/cancel", headers=bearer(tok))
     assert resp.status_code == 200 and resp.json["state"] == "cancelled"
-    assert client.get(f"/api/builds/{job_id}").json["state"] == "cancelled"
-    again = client.post(f"/api/builds/{job_id}/cancel", headers=bearer(tok))
+    assert queue_client.get(f"/api/builds/{job_id}").json["state"] == "cancelled"
+    again = queue_client.post(f"/api/builds/{job_id}/cancel", headers=bearer(tok))
     assert again.status_code == 409
 
 
-def test_unknown_build_is_404(client: FlaskClient, tok: str) -> None:
-    assert client.get("/api/builds/build-nope-1").status_code == 404
-    assert client.get("/api/builds/bad.id").status_code == 404
-    assert client.post("/api/builds/build-nope-1/cancel", headers=bearer(tok)).status_code == 404
+def test_unknown_build_is_404(queue_client: FlaskClient, tok: str) -> None:
+    assert queue_client.get("/api/builds/build-nope-1").status_code == 404
+    assert queue_client.get("/api/builds/bad.id").status_code == 404
+    resp = queue_client.post("/api/builds/build-nope-1/cancel", headers=bearer(tok))
+    assert resp.status_code == 404
 
 
-def test_workers_lists_the_fleet(client: FlaskClient, tok: str) -> None:
-    data = client.get("/api/workers").json
+def test_workers_lists_the_fleet(queue_client: FlaskClient, tok: str) -> None:
+    data = queue_client.get("/api/workers").json
     assert [w["name"] for w in data["workers"]] == ["gpu-1"]
     assert {"cuda": "12.8", "machine": "x86_64"} in data["servable"]
     assert {"cuda": "12.1", "machine": "x86_64"} in data["servable"]  # older minor of 12.x
@@ -176,7 +168,7 @@ def test_workers_lists_the_fleet(client: FlaskClient, tok: str) -> None:
     assert data["unavailable"] == {}
 
 
-def test_workers_say_why_a_version_is_not_offered(client: FlaskClient, conn: Redis) -> None:
+def test_workers_say_why_a_version_is_not_offered(queue_client: FlaskClient, conn: Redis) -> None:
     """Issue 21: a version a worker could not provision is not offered, and the API says why
     (the form: ``test_pages``)."""
     from dataclasses import replace
@@ -186,7 +178,7 @@ def test_workers_say_why_a_version_is_not_offered(client: FlaskClient, conn: Red
     ad = advertise_worker(conn, name="gpu-2")
     why = "no CUDA 13.0 release at http://mirror/ (no redistrib_13.0.0.json)"
     advertise(conn, replace(ad, unavailable={"13.0": why}), ttl=120)
-    data = client.get("/api/workers").json
+    data = queue_client.get("/api/workers").json
     assert data["unavailable"] == {"13.0": [f"gpu-2: {why}"]}
     assert [w["unavailable"] for w in data["workers"] if w["name"] == "gpu-2"] == [{"13.0": why}]
 
@@ -242,8 +234,9 @@ HUGE = "x" * 10_000
     ({"surprise": "field"}, "_"),
 ])
 def test_hostile_fields_get_a_json_400_naming_the_field(
-        client: FlaskClient, tok: str, conn: Redis, change: dict[str, object], field: str) -> None:
-    resp = client.post("/api/builds", json={**GOOD, **change}, headers=bearer(tok))
+        queue_client: FlaskClient, tok: str, conn: Redis, change: dict[str, object],
+        field: str) -> None:
+    resp = queue_client.post("/api/builds", json={**GOOD, **change}, headers=bearer(tok))
     assert resp.status_code == 400, resp.text
     assert resp.is_json
     assert field in resp.json["fields"]
@@ -254,14 +247,15 @@ def test_hostile_fields_get_a_json_400_naming_the_field(
 @pytest.mark.parametrize("body", [
     b"not json", b"[1, 2]", b'"string"', b"null", b"{" * 5000, b'{"project": "\xff\xfe"}',
 ])
-def test_malformed_bodies_are_400(client: FlaskClient, tok: str, body: bytes) -> None:
-    resp = client.post("/api/builds", data=body, headers={**bearer(tok),
-                                                          "Content-Type": "application/json"})
+def test_malformed_bodies_are_400(queue_client: FlaskClient, tok: str, body: bytes) -> None:
+    resp = queue_client.post("/api/builds", data=body, headers={**bearer(tok),
+                                                                "Content-Type": "application/json"})
     assert resp.status_code == 400 and resp.is_json
 
 
-def test_oversized_body_is_refused(client: FlaskClient, tok: str) -> None:
-    resp = client.post("/api/builds", json={**GOOD, "pad": "x" * 100_000}, headers=bearer(tok))
+def test_oversized_body_is_refused(queue_client: FlaskClient, tok: str) -> None:
+    resp = queue_client.post("/api/builds", json={**GOOD, "pad": "x" * 100_000},
+                             headers=bearer(tok))
     assert resp.status_code == 413 and resp.is_json
     assert "too large" in resp.json["error"].lower() or "exceeds" in resp.json["error"]
 
@@ -270,14 +264,14 @@ def test_oversized_body_is_refused(client: FlaskClient, tok: str) -> None:
     "/api/builds/..%2F..%2Fetc%2Fpasswd", "/api/builds/" + "a" * 10_000,
     "/api/builds/x;rm%20-rf/log", "/api/builds/%00/log",
 ])
-def test_hostile_build_ids_are_404(client: FlaskClient, path: str) -> None:
-    resp = client.get(path)
+def test_hostile_build_ids_are_404(queue_client: FlaskClient, path: str) -> None:
+    resp = queue_client.get(path)
     assert resp.status_code == 404 and resp.is_json
 
 
 @pytest.mark.parametrize("offset", ["-1", "abc", "1e9", "9" * 40])
-def test_bad_log_offsets_are_400(client: FlaskClient, offset: str) -> None:
-    resp = client.get(f"/api/builds/build-x/log?offset={offset}")
+def test_bad_log_offsets_are_400(queue_client: FlaskClient, offset: str) -> None:
+    resp = queue_client.get(f"/api/builds/build-x/log?offset={offset}")
     assert resp.status_code == 400 and resp.is_json
 
 

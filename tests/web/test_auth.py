@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
 
@@ -36,17 +35,6 @@ from wheelhouse.tokens import (
     verify_token,
 )
 from wheelhouse.variants import parse_variant
-
-
-@pytest.fixture
-def app(redis_url: str, tmp_path: Path) -> Flask:
-    return make_app(redis_url, tmp_path)
-
-
-@pytest.fixture
-def client(app: Flask, conn: Redis) -> FlaskClient:
-    advertise_worker(conn)
-    return app.test_client()
 
 
 def _all_redis_bytes(conn: Redis) -> bytes:
@@ -124,8 +112,8 @@ def test_token_cli_prints_once_and_revokes(
 # -- API auth --
 
 
-def test_api_without_token_is_401_with_a_challenge(client: FlaskClient) -> None:
-    resp = client.post("/api/builds", json=GOOD)
+def test_api_without_token_is_401_with_a_challenge(fleet_client: FlaskClient) -> None:
+    resp = fleet_client.post("/api/builds", json=GOOD)
     assert resp.status_code == 401 and resp.is_json
     assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     assert "needs an API token" in resp.json["error"]
@@ -135,47 +123,48 @@ def test_api_without_token_is_401_with_a_challenge(client: FlaskClient) -> None:
     "Bearer whk_" + "A" * 43, "Bearer nonsense", "Bearer " + "x" * 10_000, "Basic !!!",
     "Token abc", "Bearer whk_$(id)",
 ])
-def test_api_with_a_bad_token_is_401(client: FlaskClient, header: str) -> None:
-    resp = client.post("/api/builds", json=GOOD, headers={"Authorization": header})
+def test_api_with_a_bad_token_is_401(fleet_client: FlaskClient, header: str) -> None:
+    resp = fleet_client.post("/api/builds", json=GOOD, headers={"Authorization": header})
     assert resp.status_code == 401 and resp.is_json
 
 
-def test_api_with_a_revoked_token_is_401(client: FlaskClient, conn: Redis) -> None:
+def test_api_with_a_revoked_token_is_401(fleet_client: FlaskClient, conn: Redis) -> None:
     tok = token(conn)
     revoke_token(conn, "alice")
-    resp = client.post("/api/builds", json=GOOD, headers=bearer(tok))
+    resp = fleet_client.post("/api/builds", json=GOOD, headers=bearer(tok))
     assert resp.status_code == 401 and "invalid or revoked" in resp.json["error"]
 
 
-def test_api_with_the_wrong_scope_is_403(client: FlaskClient, conn: Redis) -> None:
+def test_api_with_the_wrong_scope_is_403(fleet_client: FlaskClient, conn: Redis) -> None:
     reader = token(conn, "reader", ("read",))
     builder = token(conn, "builder", ("build",))
-    resp = client.post("/api/builds", json=GOOD, headers=bearer(reader))
+    resp = fleet_client.post("/api/builds", json=GOOD, headers=bearer(reader))
     assert resp.status_code == 403 and "'build' scope" in resp.json["error"]
-    [b] = client.post("/api/builds", json=GOOD, headers=bearer(builder)).json["builds"]
-    resp = client.post(f"/api/builds/{b['id']}/cancel", headers=bearer(reader))
+    [b] = fleet_client.post("/api/builds", json=GOOD, headers=bearer(builder)).json["builds"]
+    resp = fleet_client.post(f"/api/builds/{b['id']}/cancel", headers=bearer(reader))
     assert resp.status_code == 403
-    assert client.get(f"/api/builds/{b['id']}").json["state"] == "queued"
+    assert fleet_client.get(f"/api/builds/{b['id']}").json["state"] == "queued"
 
 
 # -- sign-in sessions and CSRF --
 
 
 def test_sign_in_with_a_token_then_revocation_ends_the_session(
-        client: FlaskClient, conn: Redis) -> None:
+        fleet_client: FlaskClient, conn: Redis) -> None:
     tok = token(conn)
-    assert client.get("/request").status_code == 302  # to the login page
-    sign_in(client, tok)
-    page = client.get("/request")
+    assert fleet_client.get("/request").status_code == 302  # to the login page
+    sign_in(fleet_client, tok)
+    page = fleet_client.get("/request")
     assert page.status_code == 200 and "signed in as" in page.text
     assert tok not in page.text  # never shown back
     revoke_token(conn, "alice")
-    assert client.get("/request").status_code == 302
+    assert fleet_client.get("/request").status_code == 302
 
 
-def test_a_wrong_token_at_sign_in_is_shown_next_to_the_field(client: FlaskClient) -> None:
-    page = client.get("/login")
-    resp = client.post("/login", data={"token": "whk_wrong", "csrf_token": csrf_of(page.text)})
+def test_a_wrong_token_at_sign_in_is_shown_next_to_the_field(fleet_client: FlaskClient) -> None:
+    page = fleet_client.get("/login")
+    resp = fleet_client.post("/login",
+                             data={"token": "whk_wrong", "csrf_token": csrf_of(page.text)})
     assert resp.status_code == 401
     assert 'class="field-error" id="token-error"' in resp.text
     assert "whk_wrong" not in resp.text
@@ -192,69 +181,71 @@ OFF_SITE = [
 
 
 @pytest.mark.parametrize("target", OFF_SITE)
-def test_sign_in_never_redirects_off_site(client: FlaskClient, conn: Redis, target: str) -> None:
+def test_sign_in_never_redirects_off_site(fleet_client: FlaskClient, conn: Redis,
+                                          target: str) -> None:
     tok = token(conn)
-    page = client.get("/login")
-    resp = client.post("/login", data={"token": tok, "csrf_token": csrf_of(page.text),
-                                       "next": target})
+    page = fleet_client.get("/login")
+    resp = fleet_client.post("/login", data={"token": tok, "csrf_token": csrf_of(page.text),
+                                             "next": target})
     assert resp.status_code == 302
     assert resp.headers["Location"] == "/matrix", target
 
 
 @pytest.mark.parametrize("query", ["/%09/evil.example", "/%0d%0a/evil.example",
                                    "%0d%0aSet-Cookie:%20x=1", "/%5Cevil.example"])
-def test_next_from_the_query_is_checked_too(client: FlaskClient, conn: Redis,
+def test_next_from_the_query_is_checked_too(fleet_client: FlaskClient, conn: Redis,
                                             query: str) -> None:
-    page = client.get(f"/login?next={query}")
+    page = fleet_client.get(f"/login?next={query}")
     assert page.status_code == 200
     assert 'name="next" value="/matrix"' in page.text
-    resp = client.post(f"/login?next={query}", data={"token": token(conn),
+    resp = fleet_client.post(f"/login?next={query}", data={"token": token(conn),
                                                       "csrf_token": csrf_of(page.text)})
     assert resp.status_code == 302 and resp.headers["Location"] == "/matrix"
 
 
 @pytest.mark.parametrize("target", ["/request", "/builds/x?tab=log", "/caf\u00e9",
                                     "/matrix?project=flash-attn#row"])
-def test_sign_in_follows_same_site_paths(client: FlaskClient, conn: Redis, target: str) -> None:
-    page = client.get("/login")
-    resp = client.post("/login", data={"token": token(conn), "csrf_token": csrf_of(page.text),
-                                       "next": target})
+def test_sign_in_follows_same_site_paths(fleet_client: FlaskClient, conn: Redis,
+                                         target: str) -> None:
+    page = fleet_client.get("/login")
+    resp = fleet_client.post("/login", data={"token": token(conn), "csrf_token": csrf_of(page.text),
+                                             "next": target})
     assert resp.status_code == 302
     assert resp.headers["Location"].startswith(target.split("\u00e9")[0])
 
 
 @pytest.mark.parametrize("csrf", [None, "", "forged"])
 def test_forms_refuse_a_missing_or_forged_csrf_token(
-        client: FlaskClient, conn: Redis, csrf: str | None) -> None:
+        fleet_client: FlaskClient, conn: Redis, csrf: str | None) -> None:
     tok = token(conn)
     login = {"token": tok} | ({"csrf_token": csrf} if csrf is not None else {})
-    client.get("/login")  # a session with a real CSRF token exists
-    assert client.post("/login", data=login).status_code == 400
-    sign_in(client, tok)
+    fleet_client.get("/login")  # a session with a real CSRF token exists
+    assert fleet_client.post("/login", data=login).status_code == 400
+    sign_in(fleet_client, tok)
     form = {**GOOD, "python": "3.11"} | ({"csrf_token": csrf} if csrf is not None else {})
-    resp = client.post("/request", data=form)
+    resp = fleet_client.post("/request", data=form)
     assert resp.status_code == 400 and "CSRF" in resp.text
     assert not any(k.startswith(b"rq:job:") for k in conn.keys())
-    assert client.post("/logout", data={} if csrf is None else {"csrf_token": csrf}
-                       ).status_code == 400
+    assert fleet_client.post("/logout", data={} if csrf is None else {"csrf_token": csrf}
+                             ).status_code == 400
 
 
-def test_cancel_form_needs_csrf(client: FlaskClient, conn: Redis) -> None:
+def test_cancel_form_needs_csrf(fleet_client: FlaskClient, conn: Redis) -> None:
     tok = token(conn)
-    [b] = client.post("/api/builds", json=GOOD, headers=bearer(tok)).json["builds"]
-    csrf = sign_in(client, tok)
-    assert client.post(f"/builds/{b['id']}/cancel").status_code == 400
-    assert client.get(f"/api/builds/{b['id']}").json["state"] == "queued"
-    resp = client.post(f"/builds/{b['id']}/cancel", data={"csrf_token": csrf})
+    [b] = fleet_client.post("/api/builds", json=GOOD, headers=bearer(tok)).json["builds"]
+    csrf = sign_in(fleet_client, tok)
+    assert fleet_client.post(f"/builds/{b['id']}/cancel").status_code == 400
+    assert fleet_client.get(f"/api/builds/{b['id']}").json["state"] == "queued"
+    resp = fleet_client.post(f"/builds/{b['id']}/cancel", data={"csrf_token": csrf})
     assert resp.status_code == 303
-    assert client.get(f"/api/builds/{b['id']}").json["state"] == "cancelled"
+    assert fleet_client.get(f"/api/builds/{b['id']}").json["state"] == "cancelled"
 
 
 def test_session_cookie_on_the_api_needs_the_csrf_header(
-        client: FlaskClient, conn: Redis) -> None:
-    csrf = sign_in(client, token(conn))
-    assert client.post("/api/builds", json=GOOD).status_code == 400
-    resp = client.post("/api/builds", json=GOOD, headers={"X-CSRF-Token": csrf})
+        fleet_client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(fleet_client, token(conn))
+    assert fleet_client.post("/api/builds", json=GOOD).status_code == 400
+    resp = fleet_client.post("/api/builds", json=GOOD, headers={"X-CSRF-Token": csrf})
     assert resp.status_code == 201
 
 

@@ -4,8 +4,6 @@ large, JSON nested too deeply. Each is a 4xx with a message, never a 500."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,22 +12,8 @@ from flask.testing import FlaskClient
 from redis import Redis
 from werkzeug.test import EnvironBuilder
 
-from tests.web.buildhelpers import GOOD, advertise_worker, bearer, close_redis, make_app, token
+from tests.web.buildhelpers import GOOD, bearer, token
 from web.guard import MAX_BODY, MAX_JSON_DEPTH, host_problem
-
-
-@pytest.fixture
-def app(redis_url: str, tmp_path: Path) -> Iterator[Flask]:
-    """What is refused here doesn't depend on the storage: one kind is enough. A build queue,
-    so that the sign-in page (which builds URLs) is served."""
-    app = make_app(redis_url, tmp_path)
-    yield app
-    close_redis(app)
-
-
-@pytest.fixture
-def client(app: Flask) -> FlaskClient:
-    return app.test_client()
 
 
 def _wsgi(app: Flask, path: str = "/login", **environ: str) -> tuple[int, str, str]:
@@ -53,11 +37,11 @@ def _wsgi(app: Flask, path: str = "/login", **environ: str) -> tuple[int, str, s
     "a@b", "evil.example\r\nX-Injected: 1", "\x00", "ex%41mple", "a..b", "x:123456",
     "[::1]junk", "label" + "x" * 70 + ".com",
 ])
-def test_bad_hosts_are_400_with_a_message(app: Flask, host: str) -> None:
-    status, content_type, body = _wsgi(app, HTTP_HOST=host)
+def test_bad_hosts_are_400_with_a_message(queue_app: Flask, host: str) -> None:
+    status, content_type, body = _wsgi(queue_app, HTTP_HOST=host)
     assert status == 400 and content_type.startswith("text/plain")
     assert "Host header" in body
-    status, content_type, body = _wsgi(app, "/api/workers", HTTP_HOST=host)
+    status, content_type, body = _wsgi(queue_app, "/api/workers", HTTP_HOST=host)
     assert status == 400 and json.loads(body)["status"] == 400  # JSON on the API
 
 
@@ -65,9 +49,9 @@ def test_bad_hosts_are_400_with_a_message(app: Flask, host: str) -> None:
     "localhost", "localhost:8000", "wheels.internal", "WHEELS.example.com.", "10.0.0.1:80",
     "[::1]", "[::1]:8000", "[2001:db8::1]", "my_service:8000", "xn--bcher-kva.example",
 ])
-def test_good_hosts_pass(app: Flask, host: str) -> None:
+def test_good_hosts_pass(queue_app: Flask, host: str) -> None:
     assert host_problem(host) is None
-    status, _, _ = _wsgi(app, HTTP_HOST=host)
+    status, _, _ = _wsgi(queue_app, HTTP_HOST=host)
     assert status == 200
 
 
@@ -77,35 +61,34 @@ def test_good_hosts_pass(app: Flask, host: str) -> None:
     ("project=%ff%fe", "not UTF-8"),
     ("project=%C3", "not UTF-8"),
 ])
-def test_malformed_query_encoding_is_400(client: FlaskClient, query: str, why: str) -> None:
-    resp = client.get(f"/login?{query}")
+def test_malformed_query_encoding_is_400(queue_client: FlaskClient, query: str, why: str) -> None:
+    resp = queue_client.get(f"/login?{query}")
     assert resp.status_code == 400 and why in resp.text
 
 
 @pytest.mark.parametrize("raw", ["/login/%zz", "/torch2.8-cu128/simple/a%2"])
-def test_malformed_path_escapes_are_400(app: Flask, raw: str) -> None:
-    status, _, body = _wsgi(app, raw, RAW_URI=raw, REQUEST_URI=raw)
+def test_malformed_path_escapes_are_400(queue_app: Flask, raw: str) -> None:
+    status, _, body = _wsgi(queue_app, raw, RAW_URI=raw, REQUEST_URI=raw)
     assert status == 400 and "malformed percent-escape" in body
 
 
-def test_a_path_that_is_not_utf8_is_400(app: Flask) -> None:
+def test_a_path_that_is_not_utf8_is_400(queue_app: Flask) -> None:
     # What a WSGI server hands over for /torch2.8-cu128/simple/%ff%fe/: the bytes as Latin-1.
-    status, _, body = _wsgi(app, PATH_INFO="/torch2.8-cu128/simple/\xff\xfe/")
+    status, _, body = _wsgi(queue_app, PATH_INFO="/torch2.8-cu128/simple/\xff\xfe/")
     assert status == 400 and "not UTF-8" in body
 
 
-def test_good_encodings_pass(client: FlaskClient) -> None:
-    assert client.get("/login?next=%2Fmatrix%3Fproject%3Dflash-attn").status_code == 200
-    assert client.get("/login?next=/caf%C3%A9").status_code == 200
+def test_good_encodings_pass(queue_client: FlaskClient) -> None:
+    assert queue_client.get("/login?next=%2Fmatrix%3Fproject%3Dflash-attn").status_code == 200
+    assert queue_client.get("/login?next=/caf%C3%A9").status_code == 200
 
 
 # -- bodies --
 
 
 @pytest.fixture
-def build_client(redis_url: str, tmp_path: Path, conn: Redis) -> tuple[FlaskClient, str]:
-    advertise_worker(conn)
-    return make_app(redis_url, tmp_path).test_client(), token(conn)
+def build_client(fleet_client: FlaskClient, conn: Redis) -> tuple[FlaskClient, str]:
+    return fleet_client, token(conn)
 
 
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 1000, 100_000 // 2])
@@ -133,15 +116,15 @@ def test_a_non_json_body_says_what_to_send(build_client: tuple[FlaskClient, str]
     assert resp.status_code == 400 and "Content-Type: application/json" in resp.json["error"]
 
 
-def test_oversized_form_bodies_are_413(client: FlaskClient) -> None:
-    resp = client.post("/login", data={"token": "x" * (MAX_BODY + 1)})
+def test_oversized_form_bodies_are_413(queue_client: FlaskClient) -> None:
+    resp = queue_client.post("/login", data={"token": "x" * (MAX_BODY + 1)})
     assert resp.status_code == 413 and "exceeds" in resp.text
 
 
-def test_too_many_multipart_fields_are_413(client: FlaskClient) -> None:
+def test_too_many_multipart_fields_are_413(queue_client: FlaskClient) -> None:
     import io
 
     fields: dict[str, Any] = {f"f{i}": "x" for i in range(1000)}
     fields["file"] = (io.BytesIO(b"x"), "x.txt")  # makes it multipart
-    resp = client.post("/login", data=fields)
+    resp = queue_client.post("/login", data=fields)
     assert resp.status_code == 413

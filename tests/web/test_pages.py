@@ -28,17 +28,6 @@ from wheelhouse.queue import append_log, enqueue_build
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
 
 
-@pytest.fixture
-def app(redis_url: str, tmp_path: Path) -> Flask:
-    return make_app(redis_url, tmp_path)
-
-
-@pytest.fixture
-def client(app: Flask, conn: Redis) -> FlaskClient:
-    advertise_worker(conn)
-    return app.test_client()
-
-
 def _spec(python: str = "3.11", version: str = "2.8.3", archs: tuple[str, ...] = ()) -> BuildSpec:
     return BuildSpec.create("flash-attn", version, python=python, torch="2.8", cuda="12.8",
                             archs=archs)
@@ -63,12 +52,12 @@ def _cell(page: str, version: str, variant: str, python: str) -> str:
     return page[page.rindex("<td", 0, start):page.index("</td>", start)]
 
 
-def test_matrix_shows_every_state(client: FlaskClient, app: Flask, conn: Redis,
+def test_matrix_shows_every_state(fleet_client: FlaskClient, queue_app: Flask, conn: Redis,
                                   tmp_path: Path) -> None:
     built = _spec("3.10")
     wheel = make_wheel(tmp_path / "w", "flash-attn", str(built.wheel_version),
                        tag="cp310-cp310-linux_x86_64")
-    publish(app.extensions["wheelhouse"].storage, wheel, built.variant)
+    publish(queue_app.extensions["wheelhouse"].storage, wheel, built.variant)
     enqueue_build(conn, _spec("3.11"))
     building = _as_worker(conn, _spec("3.12"), JobStatus.STARTED, phase="compile",
                           progress=[42, 96])
@@ -77,7 +66,7 @@ def test_matrix_shows_every_state(client: FlaskClient, app: Flask, conn: Redis,
                         "reason": "flash-attn 2.8.3 compiles with -std=c++17; torch needs C++20"})
     _as_worker(conn, _spec("3.11", "2.8.2"), JobStatus.QUEUED)
 
-    page = client.get("/matrix").text
+    page = fleet_client.get("/matrix").text
     v = "torch2.8-cu128"
     assert 'class="cell built"' in _cell(page, "2.8.3", v, "3.10")
     assert wheel.name in _cell(page, "2.8.3", v, "3.10")
@@ -93,15 +82,15 @@ def test_matrix_shows_every_state(client: FlaskClient, app: Flask, conn: Redis,
 
 
 def test_matrix_offers_every_hosted_project_and_what_the_fleet_could_add(
-        client: FlaskClient, app: Flask, conn: Redis, tmp_path: Path) -> None:
+        fleet_client: FlaskClient, queue_app: Flask, conn: Redis, tmp_path: Path) -> None:
     """Issue 21: the filter lists hosted projects without a recipe too; a torch a project has
     gets a "missing" cell for each CUDA line a live worker builds, one click from a request."""
     variant = parse_variant("torch2.8-cu128")
-    publish(app.extensions["wheelhouse"].storage,
+    publish(queue_app.extensions["wheelhouse"].storage,
             make_wheel(tmp_path / "w", "demo-ext", f"1.0+{variant.local_label}",
                        tag="cp311-cp311-linux_x86_64"), variant)
     advertise_worker(conn, cuda="13.0", name="gpu-13")
-    page = client.get("/matrix").text
+    page = fleet_client.get("/matrix").text
     assert '<option value="demo-ext">demo-ext</option>' in page
     assert '<option value="flash-attn">flash-attn</option>' in page  # a recipe, nothing built
     assert 'class="cell built"' in _cell(page, "1.0", "torch2.8-cu128", "3.11")
@@ -109,16 +98,16 @@ def test_matrix_offers_every_hosted_project_and_what_the_fleet_could_add(
     assert 'class="cell missing"' in missing
     assert "/request?project=demo-ext&amp;version=1.0&amp;torch=2.8&amp;cuda=13.0" in missing
     assert 'data-variant="torch2.8-cu126"' not in page  # one column per CUDA line, its newest
-    empty = client.get("/matrix?project=flash-attn").text
+    empty = fleet_client.get("/matrix?project=flash-attn").text
     assert "Nothing of flash-attn is built or queued yet." in empty
     assert "/request?project=flash-attn" in empty
 
 
-def test_matrix_places_wheels_by_the_build_spec_rule(client: FlaskClient, app: Flask,
+def test_matrix_places_wheels_by_the_build_spec_rule(fleet_client: FlaskClient, queue_app: Flask,
                                                     tmp_path: Path) -> None:
     """A stable-ABI wheel fills the column of every Python it installs into; an aarch64 wheel
     counts too (the matrix has no CPU axis)."""
-    storage = app.extensions["wheelhouse"].storage
+    storage = queue_app.extensions["wheelhouse"].storage
     label = _spec().wheel_version
     for tag in ("cp39-cp39-linux_x86_64", "cp311-abi3-linux_x86_64"):
         publish(storage, make_wheel(tmp_path / "w", "flash-attn", str(label), tag=tag),
@@ -126,7 +115,7 @@ def test_matrix_places_wheels_by_the_build_spec_rule(client: FlaskClient, app: F
     arm = BuildSpec.create("flash-attn", "2.8.2", python="3.9", torch="2.8", cuda="12.8")
     publish(storage, make_wheel(tmp_path / "w", "flash-attn", str(arm.wheel_version),
                                 tag="cp39-cp39-manylinux_2_28_aarch64"), arm.variant)
-    page = client.get("/matrix").text
+    page = fleet_client.get("/matrix").text
     v = "torch2.8-cu128"
     assert "flash_attn-2.8.3+cu128torch2.8-cp39-cp39" in _cell(page, "2.8.3", v, "3.9")
     assert 'data-python="3.10"' not in page  # the abi3 wheel serves 3.11 on, not 3.10
@@ -136,17 +125,17 @@ def test_matrix_places_wheels_by_the_build_spec_rule(client: FlaskClient, app: F
 
 
 def test_a_missing_cell_is_one_click_from_a_build_when_signed_in(
-        client: FlaskClient, conn: Redis) -> None:
+        fleet_client: FlaskClient, conn: Redis) -> None:
     enqueue_build(conn, _spec("3.11"))
     enqueue_build(conn, _spec("3.12", archs=("90",)))
-    sign_in(client, token(conn))
-    page = client.get("/matrix").text
+    sign_in(fleet_client, token(conn))
+    page = fleet_client.get("/matrix").text
     cell = _cell(page, "2.8.3", "torch2.8-cu128-sm90", "3.11")
     assert "<form" in cell and 'name="archs" value="90"' in cell
     fields = dict(
         (m.split('name="')[1].split('"')[0], html.unescape(m.split('value="')[1].split('"')[0]))
         for m in cell.split("<input")[1:])
-    resp = client.post("/request", data=fields)
+    resp = fleet_client.post("/request", data=fields)
     assert resp.status_code == 303
     assert resp.headers["Location"] == f"/builds/{_spec('3.11', archs=('90',)).job_id}"
 
@@ -159,7 +148,7 @@ def _redis_calls(conn: Redis) -> dict[str, int]:
 
 
 def test_matrix_filters_by_project_and_reads_in_bulk(
-        client: FlaskClient, app: Flask, conn: Redis) -> None:
+        fleet_client: FlaskClient, queue_app: Flask, conn: Redis) -> None:
     """3,000 published wheels and 300 jobs: wheels come from the in-memory catalog and jobs
     from one Redis pipeline, so the Redis reads grow with the jobs, not with the cells."""
     for i in range(300):
@@ -167,7 +156,7 @@ def test_matrix_filters_by_project_and_reads_in_bulk(
                                 torch="2.8", cuda="12.8")
         enqueue_build(conn, spec, require_worker=False)
     conn.config_resetstat()
-    page = client.get("/matrix")
+    page = fleet_client.get("/matrix")
     assert page.status_code == 200 and page.text.count('data-state="queued"') == 300
     without_wheels = _redis_calls(conn)
     assert without_wheels["hgetall"] == 300  # each job read once...
@@ -175,7 +164,7 @@ def test_matrix_filters_by_project_and_reads_in_bulk(
     scans = sum(without_wheels.values()) - 300 - 2  # the queue and registry listings
     assert scans <= 14, without_wheels  # 12, and the fleet's adverts (a SCAN and an MGET)
 
-    storage = app.extensions["wheelhouse"].storage
+    storage = queue_app.extensions["wheelhouse"].storage
     variants = [parse_variant(k) for k in ("torch2.8-cu128", "torch2.9-cu128", "torch2.14-cu130")]
     n = 0
     for variant in variants:
@@ -192,11 +181,11 @@ def test_matrix_filters_by_project_and_reads_in_bulk(
     storage.put_bytes(GENERATION_KEY, b"big")
     assert n == 3000
     conn.config_resetstat()
-    page = client.get("/matrix")
+    page = fleet_client.get("/matrix")
     assert page.text.count('data-state="built"') == n
     assert page.text.count('data-state="queued"') == 300
     assert _redis_calls(conn) == without_wheels  # 3,000 more cells, not one more read
-    only = client.get("/matrix?project=flash-attn").text
+    only = fleet_client.get("/matrix?project=flash-attn").text
     assert 'id="project-flash-attn"' in only and 'id="project-demo-ext"' not in only
     assert only.count('data-state="queued"') == 300 and 'data-state="built"' not in only
 
@@ -235,11 +224,12 @@ def _options(page: str) -> dict[str, dict[str, tuple[bool, str]]]:
     return parser.selects
 
 
-def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, conn: Redis) -> None:
+def test_request_form_offers_only_what_the_fleet_serves(fleet_client: FlaskClient,
+                                                        conn: Redis) -> None:
     """One live worker with CUDA 12.8 on x86_64: only its CUDA versions and CPU can be chosen."""
     advertise_worker(conn, cuda="12.8", machine="x86_64")
-    sign_in(client, token(conn))
-    page = client.get("/request").text
+    sign_in(fleet_client, token(conn))
+    page = fleet_client.get("/request").text
     options = _options(page)
     # The project is typed; recipe projects are suggested.
     assert 'id="project" name="project" list="project-list" value="causal-conv1d"' in page
@@ -261,19 +251,19 @@ def test_request_form_offers_only_what_the_fleet_serves(client: FlaskClient, con
     why = "no CUDA 13.0 release at http://mirror/ (no redistrib_13.0.0.json)"
     advertise(conn, replace(advertise_worker(conn, name="gpu-2"), unavailable={"13.0": why}),
               ttl=120)
-    page = client.get("/request").text
+    page = fleet_client.get("/request").text
     assert _options(page)["cuda"]["13.0"] == (False, "13.0 (can't be provisioned)")
     assert f"CUDA 13.0: gpu-2: {why}" in page[page.index('id="unavailable"'):]
 
     advertise_worker(conn, cuda="13.0", machine="aarch64", name="arm-1")
-    options = _options(client.get("/request").text)
+    options = _options(fleet_client.get("/request").text)
     assert options["cuda"]["13.0"][0] and options["machine"]["aarch64"][0]
 
 
 def test_validation_errors_are_shown_next_to_their_fields(
-        client: FlaskClient, conn: Redis) -> None:
-    csrf = sign_in(client, token(conn))
-    resp = client.post("/request", data={
+        fleet_client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(fleet_client, token(conn))
+    resp = fleet_client.post("/request", data={
         "csrf_token": csrf, "project": "flash-attn", "version": "latest; rm -rf /",
         "torch": "2.8", "cuda": "12.8", "archs": ["sm999"]})
     assert resp.status_code == 400
@@ -290,10 +280,10 @@ def test_validation_errors_are_shown_next_to_their_fields(
 
 
 def test_an_unservable_combination_is_explained_on_the_cuda_field(
-        client: FlaskClient, conn: Redis) -> None:
-    csrf = sign_in(client, token(conn))
-    resp = client.post("/request", data={**GOOD, "cuda": "13.0", "python": "3.11",
-                                         "csrf_token": csrf})
+        fleet_client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(fleet_client, token(conn))
+    resp = fleet_client.post("/request", data={**GOOD, "cuda": "13.0", "python": "3.11",
+                                               "csrf_token": csrf})
     assert resp.status_code == 400
     cuda_field = resp.text[resp.text.index('<label for="cuda">'):
                            resp.text.index('<label for="machine">')]
@@ -302,11 +292,11 @@ def test_an_unservable_combination_is_explained_on_the_cuda_field(
 
 
 def test_one_submission_creates_several_builds_and_links_existing_ones(
-        client: FlaskClient, conn: Redis) -> None:
-    csrf = sign_in(client, token(conn))
+        fleet_client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(fleet_client, token(conn))
     existing = enqueue_build(conn, _spec("3.12", archs=("90",))).job_id
-    resp = client.post("/request", data={**GOOD, "python": ["3.11", "3.12"],
-                                         "csrf_token": csrf})
+    resp = fleet_client.post("/request", data={**GOOD, "python": ["3.11", "3.12"],
+                                               "csrf_token": csrf})
     assert resp.status_code == 200
     results = resp.text[resp.text.index('id="submitted"'):]
     assert f'/builds/{_spec("3.11", archs=("90",)).job_id}">new build' in results
@@ -314,17 +304,17 @@ def test_one_submission_creates_several_builds_and_links_existing_ones(
 
 
 def test_any_project_may_be_requested_and_recipes_are_suggested(
-        client: FlaskClient, conn: Redis) -> None:
-    csrf = sign_in(client, token(conn))
-    form = client.get("/request").text
+        fleet_client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(fleet_client, token(conn))
+    form = fleet_client.get("/request").text
     assert "the others build with the generic recipe" in " ".join(form.split())
-    resp = client.post("/request", data={**GOOD, "project": "my-cuda-ext", "python": "3.11",
-                                         "csrf_token": csrf})
+    resp = fleet_client.post("/request", data={**GOOD, "project": "my-cuda-ext", "python": "3.11",
+                                               "csrf_token": csrf})
     assert resp.status_code == 303, resp.text
-    page = client.get(resp.headers["Location"]).text
+    page = fleet_client.get(resp.headers["Location"]).text
     assert "my-cuda-ext 2.8.3 for Python 3.11, torch2.8-cu128-sm90" in page
-    bad = client.post("/request", data={**GOOD, "project": "my ext!", "python": "3.11",
-                                        "csrf_token": csrf})
+    bad = fleet_client.post("/request", data={**GOOD, "project": "my ext!", "python": "3.11",
+                                              "csrf_token": csrf})
     assert bad.status_code == 400
     text = bad.text
     field = text[text.index('<label for="project">'):text.index('<label for="version">')]
@@ -348,11 +338,11 @@ def test_the_allowlist_is_what_the_form_offers_and_accepts(
     assert not any(k.startswith(b"rq:job:") for k in conn.keys())
 
 
-def test_one_build_lands_on_its_page(client: FlaskClient, conn: Redis) -> None:
-    csrf = sign_in(client, token(conn))
-    resp = client.post("/request", data={**GOOD, "python": "3.11", "csrf_token": csrf})
+def test_one_build_lands_on_its_page(fleet_client: FlaskClient, conn: Redis) -> None:
+    csrf = sign_in(fleet_client, token(conn))
+    resp = fleet_client.post("/request", data={**GOOD, "python": "3.11", "csrf_token": csrf})
     assert resp.status_code == 303
-    page = client.get(resp.headers["Location"])
+    page = fleet_client.get(resp.headers["Location"])
     assert page.status_code == 200
     assert "flash-attn 2.8.3 for Python 3.11, torch2.8-cu128-sm90" in page.text
     assert 'id="position">1 (next)' in page.text
@@ -448,14 +438,14 @@ def test_an_unreachable_upstream_leaves_a_free_text_version(
     assert resp.status_code == 303
 
 
-def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
+def test_build_page_while_building(fleet_client: FlaskClient, conn: Redis) -> None:
     jobs = MaxJobs(jobs=6, reason="6 jobs of 5.0 GiB fit in 31 GiB free",
                    per_thread_bytes=5 * 1024**3, nvcc_threads=1, available_bytes=31 * 1024**3,
                    reserve_bytes=1024**3, cores=16, learned=True)
     job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile", progress=[12, 96],
                         build=BuildFacts(max_jobs=jobs, peak_tree_bytes=3 * 1024**3).to_dict())
     append_log(conn, job_id, ["[11/96] nvcc flash_fwd_hdim64.cu", "[12/96] nvcc flash_bwd.cu"])
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     assert 'id="state" class="state building">building' in page
     assert "[12/96] 12.5%" in page and 'style="width: 12.5%"' in page
     assert "6 jobs of 5.0 GiB fit" in page
@@ -463,7 +453,7 @@ def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
     assert "[12/96] nvcc flash_bwd.cu" in page  # the log is in the page, without JavaScript
     assert 'src="/static/build.js"' in page
     assert 'id="cancel-form"' not in page  # not signed in
-    view = client.get(f"/api/builds/{job_id}").json
+    view = fleet_client.get(f"/api/builds/{job_id}").json
     assert view["progress"] == {"done": 12, "total": 96, "percent": 12.5}
     assert view["peak_memory_bytes"] == 3 * 1024**3
 
@@ -474,16 +464,16 @@ def test_build_page_while_building(client: FlaskClient, conn: Redis) -> None:
     (None, None),  # a decision recorded before targets were counted: no row
 ])
 def test_build_page_says_what_each_job_was_charged_for(
-        client: FlaskClient, conn: Redis, targets: int | None, charge: str | None) -> None:
+        fleet_client: FlaskClient, conn: Redis, targets: int | None, charge: str | None) -> None:
     jobs = MaxJobs(jobs=6, reason="MAX_JOBS=6", per_thread_bytes=5 * 1024**3, nvcc_threads=4,
                    available_bytes=200 * 1024**3, reserve_bytes=30 * 1024**3, cores=96,
                    learned=False, targets=targets,
                    effective_threads=min(4, targets) if targets else None)
     job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile", max_jobs=6,
                         max_jobs_reason=jobs.reason, build={"max_jobs": jobs.to_dict()})
-    view = client.get(f"/api/builds/{job_id}").json
+    view = fleet_client.get(f"/api/builds/{job_id}").json
     assert view is not None and view["max_jobs_charge"] == charge
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     if charge is None:
         assert 'id="max-jobs-charge"' not in page
     else:
@@ -496,60 +486,61 @@ def test_build_page_says_what_each_job_was_charged_for(
     {"phase": "publish"},  # uploading
 ])
 def test_a_running_build_is_finishing_never_done(
-        client: FlaskClient, conn: Redis, meta: dict[str, object]) -> None:
+        fleet_client: FlaskClient, conn: Redis, meta: dict[str, object]) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.STARTED, **meta)
-    view = client.get(f"/api/builds/{job_id}").json
+    view = fleet_client.get(f"/api/builds/{job_id}").json
     assert view["finishing"] is True and view["remaining_seconds"] is None
     assert view["progress"] is None or view["progress"]["percent"] < 100
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     estimate = page[page.index('id="estimate"'):page.index("</td>", page.index('id="estimate"'))]
     assert "finishing (linking, packing, uploading)" in estimate
     assert "100.0%" not in page and "0 s left" not in page
 
 
 def test_a_nearly_done_build_is_never_zero_seconds_from_the_end(
-        client: FlaskClient, conn: Redis) -> None:
+        fleet_client: FlaskClient, conn: Redis) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile",
                         progress=[9999, 10000])
-    view = client.get(f"/api/builds/{job_id}").json
+    view = fleet_client.get(f"/api/builds/{job_id}").json
     assert view["finishing"] is False
     assert view["remaining_seconds"] >= 1.0
     assert view["progress"]["percent"] == 99.0  # 99.99 would print as 100.0
-    assert "0 s left" not in client.get(f"/builds/{job_id}").text
+    assert "0 s left" not in fleet_client.get(f"/builds/{job_id}").text
 
 @pytest.mark.parametrize(("sandbox", "unsafe"), [
     ("bubblewrap: build user 65533:65533, own PID, mount, network, IPC and UTS namespaces", False),
     ("off (unsafe): WHEELHOUSE_BUILD_SANDBOX=off", True),
 ])
-def test_build_page_says_how_the_build_is_sandboxed(client: FlaskClient, conn: Redis,
+def test_build_page_says_how_the_build_is_sandboxed(fleet_client: FlaskClient, conn: Redis,
                                                     sandbox: str, unsafe: bool) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.STARTED, phase="compile",
                         build={"sandbox": sandbox})
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     cell = page[page.index('id="sandbox"'):]
     cell = cell[:cell.index("</td>")]
     assert html.escape(sandbox) in cell
     assert ('class="unsafe"' in cell) is unsafe
-    assert client.get(f"/api/builds/{job_id}").json["sandbox"] == sandbox
+    assert fleet_client.get(f"/api/builds/{job_id}").json["sandbox"] == sandbox
 
 
-def test_build_page_of_a_failure_puts_the_reason_first(client: FlaskClient, conn: Redis) -> None:
+def test_build_page_of_a_failure_puts_the_reason_first(fleet_client: FlaskClient,
+                                                       conn: Redis) -> None:
     job_id = _as_worker(conn, _spec(), JobStatus.FAILED, phase="failed",
                         failure={"kind": "compile-error",
                                  "reason": "csrc/flash_api.cpp:12: error: no member named 'x'"})
     append_log(conn, job_id, ["line before", "csrc/flash_api.cpp:12: error: no member named 'x'"])
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     assert page.index('id="failure"') < page.index('id="log"')
     assert "Failed: <span id=\"failure-kind\">compile error</span>" in page
     assert "Request it again" in page
 
 
 def test_build_page_of_a_built_wheel_shows_the_install_command(
-        client: FlaskClient, conn: Redis) -> None:
+        fleet_client: FlaskClient, conn: Redis) -> None:
     spec = _spec(archs=("90",))
     job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published",
                         wheel=spec.expected_wheel_name)
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     assert ("uv pip install --index-url http://localhost/torch2.8-cu128-sm90/simple "
             "&#39;flash-attn==2.8.3+cu128torch2.8.sm90&#39;") in page
     assert 'id="cancel-form"' not in page
@@ -566,63 +557,63 @@ FACTS = BuildFacts(
 
 
 def test_build_page_says_what_was_patched_compiled_and_cached(
-        client: FlaskClient, conn: Redis) -> None:
+        fleet_client: FlaskClient, conn: Redis) -> None:
     """Issue 13: the patches applied to the sdist, the device code found, the cache's hits."""
     spec = _spec(archs=("80", "90"))
     job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published",
                         wheel=spec.expected_wheel_name, build=FACTS.to_dict())
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     patches = page[page.index('id="patches"'):page.index("</td>", page.index('id="patches"'))]
     assert "<code" in patches and "flash-attn/cxx20</code> Compile as C++20" in patches
     assert f"sha256 {'ab' * 32}" in patches
     assert 'id="device-code">sm_80, sm_90<' in page
     assert 'id="compile-cache">70 hits, 2 misses (97%)<' in page
     assert 'id="toolkit">V13.0.88 (wheels)<' in page
-    view = client.get(f"/api/builds/{job_id}").json
+    view = fleet_client.get(f"/api/builds/{job_id}").json
     assert view["patches"] == [{**PATCH.to_dict(), "ref": "flash-attn/cxx20"}]
     assert view["device_code"] == "sm_80, sm_90"
     assert view["compile_cache"] == {"hits": 70, "misses": 2, "hit_rate": 0.972}
 
     unpatched = _as_worker(conn, _spec("3.12"), JobStatus.FINISHED, phase="published",
                            build=BuildFacts(patches=(), device_code={}).to_dict())
-    page = client.get(f"/builds/{unpatched}").text
+    page = fleet_client.get(f"/builds/{unpatched}").text
     assert 'id="patches">none: the sdist as released<' in page
     assert 'id="device-code">no SASS<' in page and 'id="compile-cache">—<' in page
 
 
 def test_build_page_reads_the_record_when_the_meta_lacks_the_facts(
-        client: FlaskClient, app: Flask, conn: Redis, tmp_path: Path) -> None:
+        fleet_client: FlaskClient, queue_app: Flask, conn: Redis, tmp_path: Path) -> None:
     spec = _spec()
     wheel = make_wheel(tmp_path / "w", "flash-attn", str(spec.wheel_version),
                        tag="cp311-cp311-linux_x86_64")
-    publish(app.extensions["wheelhouse"].storage, wheel, spec.variant, build=FACTS)
+    publish(queue_app.extensions["wheelhouse"].storage, wheel, spec.variant, build=FACTS)
     job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published", wheel=wheel.name)
-    page = client.get(f"/builds/{job_id}").text
+    page = fleet_client.get(f"/builds/{job_id}").text
     assert "flash-attn/cxx20" in page and 'id="device-code">sm_80, sm_90<' in page
 
     # The matrix says what the built wheel holds, in the cell's tooltip.
-    cell = _cell(client.get("/matrix").text, "2.8.3", "torch2.8-cu128", "3.11")
+    cell = _cell(fleet_client.get("/matrix").text, "2.8.3", "torch2.8-cu128", "3.11")
     assert 'data-device-code="sm_80, sm_90"' in cell
     assert f"{wheel.name} · device code: sm_80, sm_90" in html.unescape(cell)
 
 
-def test_cancel_is_offered_to_those_allowed(client: FlaskClient, conn: Redis) -> None:
+def test_cancel_is_offered_to_those_allowed(fleet_client: FlaskClient, conn: Redis) -> None:
     job_id = enqueue_build(conn, _spec()).job_id
-    sign_in(client, token(conn, "reader", ("read",)))
-    assert 'id="cancel-form"' not in client.get(f"/builds/{job_id}").text
-    client.post("/logout", data={"csrf_token": sign_in(client, token(conn, "builder"))})
-    sign_in(client, token(conn, "builder2"))
-    assert 'id="cancel-form"' in client.get(f"/builds/{job_id}").text
+    sign_in(fleet_client, token(conn, "reader", ("read",)))
+    assert 'id="cancel-form"' not in fleet_client.get(f"/builds/{job_id}").text
+    fleet_client.post("/logout", data={"csrf_token": sign_in(fleet_client, token(conn, "builder"))})
+    sign_in(fleet_client, token(conn, "builder2"))
+    assert 'id="cancel-form"' in fleet_client.get(f"/builds/{job_id}").text
 
 
-def test_unknown_build_page_is_a_404_page(client: FlaskClient) -> None:
-    resp = client.get("/builds/build-nope")
+def test_unknown_build_page_is_a_404_page(fleet_client: FlaskClient) -> None:
+    resp = fleet_client.get("/builds/build-nope")
     assert resp.status_code == 404 and "no such build" in resp.text
 
 
-def test_request_needs_sign_in(client: FlaskClient, conn: Redis) -> None:
-    resp = client.get("/request?project=flash-attn&version=2.8.3")
+def test_request_needs_sign_in(fleet_client: FlaskClient, conn: Redis) -> None:
+    resp = fleet_client.get("/request?project=flash-attn&version=2.8.3")
     assert resp.status_code == 302
     assert resp.headers["Location"].startswith("/login?next=")
-    api = client.post("/api/builds", json=GOOD, headers=bearer("whk_x"))
+    api = fleet_client.post("/api/builds", json=GOOD, headers=bearer("whk_x"))
     assert api.status_code == 401

@@ -1,0 +1,67 @@
+"""A build's page (``/builds/<job_id>``): state, facts, the log's tail; and cancelling it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, redirect, render_template, url_for
+from werkzeug.exceptions import NotFound
+from werkzeug.wrappers import Response as BaseResponse
+
+from web import auth
+from web.api import base_url
+from web.builds import JOB_ID, build_view, spec_of
+from web.services import services
+from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
+
+bp = Blueprint("buildpage", __name__)
+
+LOG_LINES = 200
+
+
+@bp.get("/builds/<job_id>")
+def build(job_id: str) -> str:
+    conn = services().redis
+    if conn is None or not JOB_ID.fullmatch(job_id):
+        raise NotFound("no such build")
+    status = get_build(conn, job_id)
+    if status is None:
+        raise NotFound("no such build (builds are kept for 30 days)")
+    view = build_view(conn, status, base_url(), services().catalog)
+    lines = log_tail(conn, job_id, LOG_LINES)
+    if not lines and status.finished and status.log_key:
+        lines = _stored_log_tail(status.log_key)
+    info = auth.current_token()
+    spec = spec_of(status)
+    return render_template(
+        "build.html", view=view, status=status, spec=spec, log=lines,
+        can_cancel=info is not None and info.allows("build") and not status.finished,
+        retry_url=url_for("requestpage.request_form", **_retry_args(status.spec))
+        if status.state in (BuildState.FAILED, BuildState.CANCELLED) else None,
+    )
+
+
+def _retry_args(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: spec.get(k) for k in ("project", "version", "torch", "cuda", "machine")} | {
+        "python": spec.get("python"), "archs": spec.get("archs") or [], "rerun": "1"}
+
+
+def _stored_log_tail(key: str) -> list[str]:
+    """The last lines of a finished build's full log, from storage."""
+    try:
+        data = services().storage.get_bytes(key)
+    except (FileNotFoundError, OSError, ValueError):
+        return []
+    return data[-200_000:].decode(errors="replace").splitlines()[-LOG_LINES:]
+
+
+@bp.post("/builds/<job_id>/cancel")
+def cancel(job_id: str) -> BaseResponse:
+    auth.check_csrf()
+    info = auth.require_scope("build")
+    auth.rate_limit(info)
+    conn = services().redis
+    if conn is None or not JOB_ID.fullmatch(job_id) or get_build(conn, job_id) is None:
+        raise NotFound("no such build")
+    cancel_build(conn, job_id)
+    return redirect(url_for("buildpage.build", job_id=job_id), code=303)

@@ -1,0 +1,116 @@
+"""The request form (``/request``): what the fleet can build, and submitting builds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, redirect, render_template, request, url_for
+from packaging.utils import InvalidName, canonicalize_name
+from werkzeug.wrappers import Response as BaseResponse
+
+from web import auth
+from web.api import base_url
+from web.builds import submit
+from web.form import SUGGESTED_TORCH, parse_request
+from web.services import services
+from web.signin import login_redirect, no_build_queue
+from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
+from wheelhouse.errors import TorchUnavailable, UnservableSpec
+from wheelhouse.fleet import live_workers, servable, unavailable_reasons
+from wheelhouse.recipes import allowed_projects
+from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
+
+bp = Blueprint("requestpage", __name__)
+
+
+def _fleet() -> tuple[set[tuple[str, str]], list[Any]]:
+    conn = services().redis
+    if conn is None:
+        return set(), []
+    return servable(conn), live_workers(conn)
+
+
+def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, Any]:
+    svc = services()
+    pairs, workers = _fleet()
+    # The allowlist where there is one, else the projects with a recipe of their own; any
+    # other valid name may be typed.
+    suggestions: list[str] = [*sorted(allowed_projects(svc.config))] or sorted(svc.recipes)
+    project = values.get("project") or (suggestions[0] if suggestions else "")
+    # Versions are looked up for a name that is valid and allowed (never for arbitrary input).
+    versions = (svc.versions.get(svc.router.default, project)
+                if project and "project" not in errors and _valid_name(project) else None)
+    servable_cuda = sorted({c for c, _ in pairs})
+    return {
+        "values": values, "errors": errors, "suggestions": suggestions, "project": project,
+        "allowlist": bool(allowed_projects(svc.config)),
+        "versions": versions, "upstream": svc.router.default,
+        "torch_versions": SUGGESTED_TORCH, "cudas": KNOWN_CUDA, "servable_cuda": servable_cuda,
+        "pairs": sorted(pairs), "machines": KNOWN_MACHINES,
+        "servable_machines": sorted({m for _, m in pairs}), "pythons": KNOWN_PYTHONS,
+        "archs": KNOWN_ARCHS, "workers": workers, "unavailable": unavailable_reasons(workers),
+    }
+
+
+def _valid_name(project: str) -> bool:
+    """A valid project name that the operator's allowlist (if any) includes."""
+    try:
+        name = canonicalize_name(project, validate=True)
+    except InvalidName:
+        return False
+    allowed = allowed_projects(services().config)
+    return not allowed or name in allowed
+
+
+@bp.get("/request")
+def request_form() -> BaseResponse | tuple[str, int] | str:
+    if services().redis is None:
+        return no_build_queue()
+    info = auth.current_token()
+    if info is None:
+        return login_redirect()
+    values: dict[str, Any] = {
+        "project": request.args.get("project", ""), "version": request.args.get("version", ""),
+        "torch": request.args.get("torch", ""), "cuda": request.args.get("cuda", ""),
+        "python": request.args.getlist("python"), "archs": request.args.getlist("archs"),
+        "machine": request.args.get("machine", "x86_64"),
+        "rerun": request.args.get("rerun") == "1",
+    }
+    return render_template("request.html", **_form_context(values, {}), submitted=None,
+                           can_build=info.allows("build"))
+
+
+@bp.post("/request")
+def request_submit() -> BaseResponse | tuple[str, int]:
+    if auth.current_token() is None:
+        return redirect(url_for("signin.login", next=url_for("requestpage.request_form")),
+                        code=303)
+    auth.check_csrf()
+    info = auth.require_scope("build")
+    auth.rate_limit(info)
+    svc = services()
+    data: dict[str, Any] = {k: request.form.get(k, "") for k in
+                            ("project", "version", "torch", "cuda", "machine")}
+    data["python"] = request.form.getlist("python")
+    data["archs"] = request.form.getlist("archs")
+    req = parse_request(data, allowed_projects(svc.config))
+    rerun = request.form.get("rerun") == "1"
+    req.values["rerun"] = rerun
+    submitted = None
+    status = 400
+    if not req.errors:
+        assert svc.redis is not None  # require_scope checked it
+        try:
+            submitted = submit(svc.redis, svc.catalog, req.specs,
+                               rerun_failed=rerun, torch=svc.torch)
+        except UnservableSpec as exc:
+            req.errors["cuda"] = str(exc)
+        except TorchUnavailable as exc:
+            req.errors["torch"] = str(exc)
+    if submitted is not None:
+        # A build queued unchecked (torch index unreachable) stays on this page, which says so.
+        if len(submitted) == 1 and submitted[0].wheel is None and not submitted[0].warning:
+            return redirect(url_for("buildpage.build", job_id=submitted[0].job_id), code=303)
+        status = 200
+    return render_template("request.html", **_form_context(req.values, req.errors),
+                           submitted=submitted, can_build=True, base=base_url()), status
