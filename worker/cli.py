@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import click
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.cli import pass_config, storage_option
@@ -28,6 +30,14 @@ from wheelhouse.errors import (
 )
 from wheelhouse.fleet import live_workers
 from wheelhouse.recipes import check_allowed
+from wheelhouse.redisconn import connect
+from wheelhouse.storage import open_storage
+from worker import build
+from worker.capabilities import DEFAULT_ROOTS, discover
+from worker.console import ConsoleReporter, cancel_on_interrupt
+from worker.lifecycle import check_sandbox, default_name, run_worker, select_queues
+from worker.reaper import become_subreaper
+from worker.toolkit import Sources, prepare, toolkit_root, wanted_versions
 
 
 @click.command("worker")
@@ -39,10 +49,6 @@ from wheelhouse.recipes import check_allowed
 def worker_command(config: Config, name: str | None, burst: bool,
                    only_cuda: tuple[str, ...]) -> None:
     """Build wheels from the queues this host can serve (CUDA version x CPU architecture)."""
-    from worker.capabilities import DEFAULT_ROOTS, discover
-    from worker.lifecycle import default_name, run_worker, select_queues
-    from worker.toolkit import Sources, prepare, toolkit_root, wanted_versions
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if not config.redis_url:
         raise click.ClickException("WHEELHOUSE_REDIS_URL is not set; a worker needs Redis")
@@ -83,9 +89,6 @@ def worker_command(config: Config, name: str | None, burst: bool,
 
 def parse_target(target: str) -> tuple[str, str, Path | None]:
     """``flash-attn==2.8.3`` or a local sdist path → (project, version, path or None)."""
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import InvalidSdistFilename, parse_sdist_filename
-
     path = Path(target)
     if path.exists():
         try:
@@ -127,12 +130,6 @@ def build_command(config: Config, target: str, torch_version: str, cuda: str,
                   timeout: int | None, max_jobs: int | None, keep_workspace: bool,
                   verbose: bool) -> None:
     """Build TARGET (flash-attn==2.8.3, or a local sdist) here, without Redis, and publish it."""
-    from wheelhouse.storage import open_storage
-    from worker import build
-    from worker.console import ConsoleReporter, cancel_on_interrupt
-    from worker.lifecycle import check_sandbox
-    from worker.reaper import become_subreaper
-
     try:
         project, version, source = parse_target(target)
         check_allowed(config, project)
@@ -174,8 +171,6 @@ def build_command(config: Config, target: str, torch_version: str, cuda: str,
 @pass_config
 def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
     """List the live build workers and what they can build."""
-    from wheelhouse.redisconn import connect
-
     if not config.redis_url:
         raise click.ClickException("WHEELHOUSE_REDIS_URL is not set")
     conn = connect(config, timeout=5)

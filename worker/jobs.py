@@ -8,6 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisError
+from rq import get_current_job
+
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
@@ -44,8 +47,6 @@ class RedisReporter(Reporter):
         self._dirty = False
 
     def _save(self, force: bool = False) -> None:
-        from redis.exceptions import RedisError
-
         self.job.meta = self.meta.to_meta()
         now = time.monotonic()
         if not force and now - self._saved_at < PROGRESS_SAVE_INTERVAL:
@@ -77,8 +78,6 @@ class RedisReporter(Reporter):
                 self._save(force=True)
 
     def _append_log(self, lines: list[str]) -> None:
-        from redis.exceptions import RedisError
-
         try:
             append_log(self.conn, self.job.id, lines)
         except RedisError as exc:
@@ -87,8 +86,6 @@ class RedisReporter(Reporter):
             self._save()
 
     def should_cancel(self) -> bool:
-        from redis.exceptions import RedisError
-
         try:
             return cancel_requested(self.conn, self.job.id)
         except RedisError:
@@ -102,8 +99,6 @@ class RedisReporter(Reporter):
 
 def _count(conn: Redis, state: str, facts: BuildFacts) -> None:
     """Fleet-wide counters for ``/metrics``; a Redis hiccup must not fail the build."""
-    from redis.exceptions import RedisError
-
     try:
         record_build(conn, state=state, seconds=facts.seconds or 0.0,
                      reaped=facts.reaped.processes if facts.reaped is not None else 0,
@@ -115,8 +110,6 @@ def _count(conn: Redis, state: str, facts: BuildFacts) -> None:
 def run_build(spec_data: dict[str, Any], source: str | None = None,
               timeout: int | None = None) -> dict[str, Any]:
     """Build one spec inside an RQ work horse; the job's meta carries progress and the outcome."""
-    from rq import get_current_job
-
     job = get_current_job()
     if job is None:
         raise RuntimeError("run_build must run inside an RQ job")

@@ -25,12 +25,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisError
+from rq import Worker
+from rq.exceptions import NoSuchJobError
+from rq.registry import StartedJobRegistry
+
+from wheelhouse.buildjob import SERIALIZER, BuildJob
+from wheelhouse.buildspec import queue_name
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
 from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
 from wheelhouse.jobmeta import JobMeta
+from wheelhouse.queue import fetch_job
+from wheelhouse.redisconn import connect
 from wheelhouse.retry import WORKER_RECONNECT
-from worker.reaper import pid_alive
+from wheelhouse.variants import normalize_cuda
+from worker.reaper import become_subreaper, build_id_base, pid_alive, sweep_orphans
+from worker.sandbox import Sandbox, startup_check
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -42,62 +53,52 @@ if TYPE_CHECKING:
 log = logging.getLogger("wheelhouse.worker")
 
 
-def _build_worker_class() -> type[Any]:
-    from rq import Worker
+class BuildWorker(Worker):
+    """An RQ worker that runs build requests only, doesn't retry failures another attempt
+    can't fix, and says whether its loop ended because it was asked to stop.
 
-    from wheelhouse.buildjob import BuildJob
+    Its jobs are :class:`~wheelhouse.buildjob.BuildJob` read as JSON: a job that names
+    another function, or whose arguments aren't a valid build request, fails as
+    ``refused-job`` without anything it names being imported. Jobs are enqueued with one
+    retry, for a job abandoned by a worker that died; a compile error, a timeout or an
+    incompatible combination fails for good on the first attempt.
+    """
 
-    class BuildWorker(Worker):
-        """An RQ worker that runs build requests only, doesn't retry failures another attempt
-        can't fix, and says whether its loop ended because it was asked to stop.
+    #: Set by SIGTERM/SIGINT: RQ's loop then ends for good, not because Redis went away.
+    stop_requested = False
 
-        Its jobs are :class:`~wheelhouse.buildjob.BuildJob` read as JSON: a job that names
-        another function, or whose arguments aren't a valid build request, fails as
-        ``refused-job`` without anything it names being imported. Jobs are enqueued with one
-        retry, for a job abandoned by a worker that died; a compile error, a timeout or an
-        incompatible combination fails for good on the first attempt.
-        """
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_requested = True
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
-        #: Set by SIGTERM/SIGINT: RQ's loop then ends for good, not because Redis went away.
-        stop_requested = False
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        # Checked here, before the work horse forks: RQ's bookkeeping in the horse reads
+        # the job's call, which for a refused job is then the refusal, never its data.
+        if not isinstance(job, BuildJob):  # run_worker makes it with job_class=BuildJob
+            raise TypeError(f"job {job.id} is a {type(job).__name__}, not a BuildJob")
+        if job.refusal is not None:
+            log.warning("refusing job %s: %s", job.id, job.refusal)
+        super().execute_job(job, queue)
 
-        def request_stop(self, signum: int, frame: Any) -> None:
-            self.stop_requested = True
-            super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
+                           exc_string: str = "") -> None:
+        try:
+            failure = JobMeta.from_meta(job.get_meta(refresh=True)).failure
+        except (NoSuchJobError, RedisError):  # keep RQ's own behaviour then
+            failure = None
+        if failure is not None and failure.kind is not FailureKind.INFRASTRUCTURE:
+            job.retries_left = 0
+        super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
+                                   exc_string=exc_string)
 
-        def execute_job(self, job: Job, queue: Queue) -> None:
-            # Checked here, before the work horse forks: RQ's bookkeeping in the horse reads
-            # the job's call, which for a refused job is then the refusal, never its data.
-            if not isinstance(job, BuildJob):  # run_worker makes it with job_class=BuildJob
-                raise TypeError(f"job {job.id} is a {type(job).__name__}, not a BuildJob")
-            if job.refusal is not None:
-                log.warning("refusing job %s: %s", job.id, job.refusal)
-            super().execute_job(job, queue)
-
-        def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
-                               exc_string: str = "") -> None:
-            from redis.exceptions import RedisError
-            from rq.exceptions import NoSuchJobError
-
-            try:
-                failure = JobMeta.from_meta(job.get_meta(refresh=True)).failure
-            except (NoSuchJobError, RedisError):  # keep RQ's own behaviour then
-                failure = None
-            if failure is not None and failure.kind is not FailureKind.INFRASTRUCTURE:
-                job.retries_left = 0
-            super().handle_job_failure(job, queue, started_job_registry=started_job_registry,
-                                       exc_string=exc_string)
-
-        def handle_exception(self, job: Job, *exc_info: Any) -> None:
-            # A classified failure is one line: its kind and reason say it all, and the build
-            # log holds the detail. Anything else is unexpected and keeps RQ's traceback.
-            exc = exc_info[1] if len(exc_info) > 1 else None
-            if isinstance(exc, BuildFailed):
-                log.error("build %s failed [%s]: %s", job.id, exc.kind.value, exc.reason)
-                return
-            super().handle_exception(job, *exc_info)
-
-    return BuildWorker
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        # A classified failure is one line: its kind and reason say it all, and the build
+        # log holds the detail. Anything else is unexpected and keeps RQ's traceback.
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if isinstance(exc, BuildFailed):
+            log.error("build %s failed [%s]: %s", job.id, exc.kind.value, exc.reason)
+            return
+        super().handle_exception(job, *exc_info)
 
 
 def _live_names(conn: Redis) -> set[str]:
@@ -123,11 +124,6 @@ def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str,
     are the started jobs of ``me`` itself: a worker whose Redis went away while a build ended
     lost that build's outcome, and nothing of it runs any more.
     """
-    from rq.registry import StartedJobRegistry
-
-    from wheelhouse.buildjob import SERIALIZER, BuildJob
-    from wheelhouse.queue import fetch_job
-
     live = _live_names(conn) - {me} if mine_too else _live_names(conn) | {me}
     abandoned: list[str] = []
     for name in queues:
@@ -168,8 +164,6 @@ def check_sandbox(config: Config, say: Callable[[str], None]) -> None:
     A worker calls it before it listens on a build queue, so a host that cannot sandbox builds
     takes none. With ``WHEELHOUSE_BUILD_SANDBOX=off`` it warns instead.
     """
-    from worker.sandbox import Sandbox, startup_check
-
     why = startup_check(config)
     if why is not None:
         raise SandboxUnavailable(f"refusing to build: {why}")
@@ -183,9 +177,6 @@ def check_sandbox(config: Config, say: Callable[[str], None]) -> None:
 
 def sweep_stale(conn: Redis, config: Config, *, name: str) -> str:
     """Kill orphans of dead builds on this host and remove their workspaces; say what was done."""
-    from worker.reaper import build_id_base, sweep_orphans
-    from worker.sandbox import Sandbox
-
     prefix = build_id_prefix(conn)
     live = {prefix + job_id for job_id in live_builds_on_host(conn, exclude=name)}
     sandbox = Sandbox.from_config(config)
@@ -215,8 +206,6 @@ class _Heartbeat(threading.Thread):
         self.stopped = threading.Event()
 
     def beat(self) -> None:
-        from redis.exceptions import RedisError
-
         try:
             job_id = self.current_job()
         except RedisError:  # the advert must keep flowing regardless
@@ -227,8 +216,6 @@ class _Heartbeat(threading.Thread):
             log.warning("heartbeat failed: %s", exc)
 
     def run(self) -> None:
-        from redis.exceptions import RedisError
-
         while not self.stopped.wait(self.interval):
             self.beat()
             try:
@@ -241,9 +228,6 @@ class _Heartbeat(threading.Thread):
 
 def select_queues(caps: Capabilities, only_cuda: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The build queues this host serves, narrowed to the CUDA versions in ``only_cuda``."""
-    from wheelhouse.buildspec import queue_name
-    from wheelhouse.variants import normalize_cuda
-
     queues = caps.queues
     if only_cuda:
         wanted = {queue_name(normalize_cuda(c), caps.machine) for c in only_cuda}
@@ -266,12 +250,6 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     RQ's work loop runs; withdraw the advert on the way out. ``say`` gets one line for each
     thing an operator should see.
     """
-    from redis.exceptions import RedisError
-
-    from wheelhouse.buildjob import SERIALIZER, BuildJob
-    from wheelhouse.redisconn import connect
-    from worker.reaper import become_subreaper
-
     if not config.redis_url:
         raise ValueError("a worker needs Redis: the configuration has no redis_url")
     check_sandbox(config, say)
@@ -283,11 +261,10 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     say(f"listening on {', '.join(queues)}")
     ad = replace(caps.advert(name, started_at=time.time()), queues=queues,
                  extra={"pid": os.getpid()})
-    worker_class = _build_worker_class()
 
-    def new_worker() -> Any:
-        return worker_class(list(queues), connection=conn, name=name, job_class=BuildJob,
-                            serializer=SERIALIZER)
+    def new_worker() -> BuildWorker:
+        return BuildWorker(list(queues), connection=conn, name=name, job_class=BuildJob,
+                           serializer=SERIALIZER)
 
     current: list[Any] = [new_worker()]
     heartbeat = _Heartbeat(conn, ad, float(config.worker_heartbeat_seconds),

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from wheelhouse.errors import BuildFailed, FailureKind
 from worker import safefs
@@ -119,10 +122,6 @@ def _pyproject_requires(src: Path) -> list[str]:
     would make it read its own disk into the build or connect where the sdist says, and fails
     the build at once (``unsafe-requirement``).
     """
-    import tomllib
-
-    from packaging.requirements import InvalidRequirement, Requirement
-
     try:
         text = safefs.read_text(src, "pyproject.toml", max_bytes=MAX_PYPROJECT_BYTES)
     except FileNotFoundError:
