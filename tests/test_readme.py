@@ -19,7 +19,7 @@ import click
 import pytest
 import requests
 
-from tests.helpers import free_port, make_wheel, wait_for_port
+from tests.helpers import free_port, wait_for_port
 from wheelhouse.cli import main
 from wheelhouse.config import Config, documented_settings
 
@@ -102,8 +102,9 @@ def test_every_wheelhouse_variable_the_code_reads_is_in_the_table() -> None:
 def test_readme_shows_the_quick_start_and_the_test_command() -> None:
     text = README.read_text()
     quick = _code_lines(_section(text, "Quick start"))
-    for step in ("pip install .", "wheelhouse serve", "wheelhouse publish", "uv pip install",
-                 "wheelhouse build", "wheelhouse token create", "wheelhouse request"):
+    for step in ("pip install .", "pip wheel", "wheelhouse serve", "wheelhouse publish",
+                 "uv pip install", "wheelhouse build", "wheelhouse token create",
+                 "wheelhouse request"):
         assert any(step in line for line in quick), f"the quick start lacks {step!r}"
     assert ".ci/test" in _code_lines(_section(text, "Running the tests"))
     assert ".ci/test" in (ROOT / ".ci" / "run").read_text()
@@ -160,7 +161,8 @@ def _quick_start() -> dict[str, str]:
 
     return {"venv": one("python3 -m venv"), "activate": one(". .venv/bin/activate"),
             "install": one("pip install"), "serve": one("wheelhouse serve"),
-            "publish": one("wheelhouse publish"), "uv": one("uv pip install")}
+            "wheel": one("pip wheel"), "publish": one("wheelhouse publish"),
+            "uv": one("uv pip install")}
 
 
 @pytest.fixture
@@ -204,8 +206,9 @@ def _serving(line: str, activate: str, clone: Path, env: dict[str, str],
 def test_the_quick_start_serves_and_installs_a_wheel_in_a_fresh_clone(
         clone: Path, tmp_path: Path) -> None:
     """A new user's first steps, as the README writes them: a virtual environment, ``pip
-    install .``, ``wheelhouse serve``, ``wheelhouse publish``, then ``uv pip install`` from
-    the index into another environment. The only change is the port (8000 may be taken)."""
+    install .``, ``wheelhouse serve``, ``pip wheel`` of the example, ``wheelhouse publish``,
+    then ``uv pip install`` from the index into another environment. The only change is the
+    port (8000 may be taken)."""
     steps = _quick_start()
     port = free_port()
     assert "--port 8000" in steps["serve"] and "127.0.0.1:8000/" in steps["uv"]
@@ -217,13 +220,13 @@ def test_the_quick_start_serves_and_installs_a_wheel_in_a_fresh_clone(
 
     setup = _bash("\n".join((steps["venv"], steps["activate"], steps["install"])), clone, env)
     assert setup.returncode == 0, setup.stderr[-3000:]
-    # The wheel the publish line names, where it names it.
+    # The wheel the publish line names, made with the README's one command.
+    wheel_made = _bash(f"{steps['activate']}\n{steps['wheel']}", clone, env)
+    assert wheel_made.returncode == 0, wheel_made.stderr[-3000:]
     wheel_path = clone / shlex.split(steps["publish"])[2]
+    assert wheel_path.is_file(), sorted(p.name for p in wheel_path.parent.iterdir())
     name, version, *_ = wheel_path.name.split("-")
-    wheel = make_wheel(tmp_path / "dist", name.replace("_", "-"), version,
-                       tag=wheel_path.name.split("-", 2)[2].removesuffix(".whl"))
-    wheel_path.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(wheel, wheel_path)
+    project = name.replace("_", "-")
 
     with _serving(serve, steps["activate"], clone, env, port) as url:
         published = _bash(f"{steps['activate']}\n{steps['publish']}", clone, env)
@@ -236,7 +239,7 @@ def test_the_quick_start_serves_and_installs_a_wheel_in_a_fresh_clone(
         assert f"--index-url {url}/{variant}/simple" in requests.get(url + "/", timeout=10).text
         # Every server process notices within WHEELHOUSE_CATALOG_REFRESH_SECONDS (1 s): until
         # then one may still answer 404 for the project (never the upstream: it is hosted).
-        page, ok = f"{url}/{variant}/simple/flash-attn/", 0
+        page, ok = f"{url}/{variant}/simple/{project}/", 0
         while ok < 5:
             assert time.monotonic() < deadline + 10, "the project page never listed the wheel"
             ok = ok + 1 if requests.get(page, timeout=10).status_code == 200 else 0
@@ -252,6 +255,6 @@ def test_the_quick_start_serves_and_installs_a_wheel_in_a_fresh_clone(
         installed = _bash(uv, clone, into)
         assert installed.returncode == 0, installed.stderr
     got = subprocess.run([str(target / "bin" / "python"), "-c",
-                          "import importlib.metadata as m; print(m.version('flash-attn'))"],
+                          f"import importlib.metadata as m; print(m.version({project!r}))"],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert got == f"{version}+cu128torch2.8"

@@ -199,3 +199,20 @@ def test_workers_may_write_everything_a_worker_writes(policed_s3: PolicedS3) -> 
         key = f"index/{prefix}" if not prefix.endswith("/") else f"index/{prefix}probe"
         worker.put_object(Bucket=BUCKET, Key=key, Body=b"x")
     _denied(worker.put_object, Bucket=BUCKET, Key=f"index/{layout.QUARANTINE}probe", Body=b"x")
+
+
+def test_uploaded_sdists_need_a_web_write_the_shipped_policy_leaves_out(
+        policed_s3: PolicedS3) -> None:
+    """docs/security.md: with the shipped (read-only) web policy, storing an uploaded sdist is
+    a storage error (503 to the client), never a silent success; workers only read it."""
+    storage = open_storage(policed_s3.config(), s3_client=policed_s3.client("web"))
+    key = layout.source_key("0" * 64, "vecadd-0.1.0.tar.gz")
+    assert all(key.startswith(prefix) for prefix in layout.WEB_SOURCE_WRITES)
+    with pytest.raises(StorageError, match="AccessDenied"):
+        storage.put_bytes(key, b"sdist")
+    # Workers may read it (a missing one is absent, not forbidden) and not write it.
+    worker = open_storage(policed_s3.config(), s3_client=policed_s3.client("worker"))
+    assert not worker.exists(key)
+    assert not any(key.startswith(prefix) for prefix in layout.WORKER_WRITES)
+    security = (ROOT / "docs" / "security.md").read_text()
+    assert f"arn:aws:s3:::{BUCKET}/index/{layout.SOURCES}*" in security

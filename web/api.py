@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,9 +15,12 @@ from web import auth
 from web.builds import JOB_ID, build_view, submit
 from web.form import parse_request
 from web.services import services
+from wheelhouse.buildspec import SourceRef, check_sdist_filename
+from wheelhouse.errors import InvalidBuildSpec, UploadTooLarge
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
+from wheelhouse.layout import source_key
 from wheelhouse.queue import cancel_build, get_build, log_since
-from wheelhouse.recipes import allowed_projects
+from wheelhouse.recipes import allowed_projects, check_allowed
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -24,6 +29,8 @@ bp = Blueprint("api", __name__, url_prefix="/api")
 
 #: The most log lines one poll returns.
 LOG_PAGE = 500
+MIB = 1024 * 1024
+_CHUNK = 1024 * 1024
 
 
 def _conn() -> Redis:
@@ -71,6 +78,7 @@ def create_builds() -> Response:
     if not isinstance(data, dict):
         raise BadRequest(shape)
     rerun = data.pop("rerun_failed", False) is True
+    source = data.pop("source", None)
     svc = services()
     req = parse_request(data, allowed_projects(svc.config))
     if req.errors:
@@ -79,7 +87,15 @@ def create_builds() -> Response:
                         "fields": req.errors, "status": 400})
         resp.status_code = 400
         return resp
-    results = submit(_conn(), svc.catalog, req.specs, rerun_failed=rerun, torch=svc.torch)
+    specs = req.specs
+    if source is not None and specs:
+        specs = [spec.with_source(source) for spec in specs]
+        ref = specs[0].source
+        assert ref is not None
+        if not svc.storage.exists(source_key(ref.sha256, ref.filename)):
+            raise InvalidBuildSpec(f"no sdist {ref.filename} with sha256 {ref.sha256[:16]}… "
+                                   "was uploaded here: PUT it to /api/sources/<filename> first")
+    results = submit(_conn(), svc.catalog, specs, rerun_failed=rerun, torch=svc.torch)
     builds = []
     for r in results:
         builds.append({
@@ -91,6 +107,45 @@ def create_builds() -> Response:
     warnings = sorted({r.warning for r in results if r.warning})
     resp = jsonify({"builds": builds, "warnings": warnings} if warnings else {"builds": builds})
     resp.status_code = 201 if any(r.created for r in results) else 200
+    return _no_store(resp)
+
+
+@bp.put("/sources/<filename>")
+def upload_source(filename: str) -> Response:
+    """The body is an sdist to build (``wheelhouse request PATH``): stored under its sha256
+    (``sources/<sha256>/<filename>``), which the answer names for the build request's
+    ``source``. At most ``WHEELHOUSE_SDIST_UPLOAD_MAX_MIB`` (413 past it)."""
+    info = auth.require_scope("build")
+    auth.rate_limit(info)
+    svc = services()
+    project, _version = check_sdist_filename(filename)
+    check_allowed(svc.config, project)
+    limit = svc.config.sdist_upload_max_mib * MIB
+    too_large = (f"the sdist is larger than this server accepts "
+                 f"(WHEELHOUSE_SDIST_UPLOAD_MAX_MIB={svc.config.sdist_upload_max_mib})")
+    if request.content_length is not None and request.content_length > limit:
+        raise UploadTooLarge(too_large)
+    request.max_content_length = limit  # raises the app-wide web.guard.MAX_BODY for this route
+    digest = hashlib.sha256()
+    size = 0
+    with tempfile.TemporaryDirectory(prefix="wheelhouse-source-") as tmp:
+        path = Path(tmp) / filename
+        with path.open("wb") as out:
+            while chunk := request.stream.read(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise UploadTooLarge(too_large)
+                digest.update(chunk)
+                out.write(chunk)
+        if size == 0:
+            raise InvalidBuildSpec("the body is empty: send the sdist's bytes")
+        ref = SourceRef(digest.hexdigest(), filename)
+        key = source_key(ref.sha256, ref.filename)
+        created = not svc.storage.exists(key)
+        if created:  # content-addressed: the same bytes are stored once
+            svc.storage.put_file(key, path)
+    resp = jsonify({"sha256": ref.sha256, "filename": ref.filename, "size": size})
+    resp.status_code = 201 if created else 200
     return _no_store(resp)
 
 

@@ -6,7 +6,8 @@
   URL whose percent-encoding is malformed or does not decode to UTF-8.
 - :func:`configure`: Flask's limits on request bodies and forms (413 past :data:`MAX_BODY`;
   the upload routes of ``web.upload`` alone raise them, per request, to
-  ``WHEELHOUSE_UPLOAD_MAX_MIB`` before reading the body),
+  ``WHEELHOUSE_UPLOAD_MAX_MIB`` before reading the body, and ``PUT /api/sources/<name>`` of
+  ``web.api`` to ``WHEELHOUSE_SDIST_UPLOAD_MAX_MIB``),
   and :class:`BoundedJSON`, which refuses JSON nested deeper than :data:`MAX_JSON_DEPTH`
   (Python's parser would recurse until a ``RecursionError``), with the reason in the 400.
 """

@@ -7,6 +7,7 @@ name, and one deterministic RQ job id, so that asking twice for the same wheel f
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -17,7 +18,12 @@ from itertools import chain
 from typing import Any
 
 from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import NormalizedName, canonicalize_name
+from packaging.utils import (
+    InvalidSdistFilename,
+    NormalizedName,
+    canonicalize_name,
+    parse_sdist_filename,
+)
 from packaging.version import InvalidVersion, Version
 
 from wheelhouse.errors import InvalidBuildSpec, InvalidVariant
@@ -36,6 +42,9 @@ NEWEST_GLIBC_MINOR = 50
 NEWEST_MUSL_MINOR = 9
 _PROJECT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: The longest sdist file name accepted for an uploaded source.
+MAX_SDIST_FILENAME = 200
 
 
 def normalize_python(python: str) -> str:
@@ -78,6 +87,9 @@ class BuildSpec:
     python: str
     variant: Variant
     machine: str = "x86_64"
+    source: SourceRef | None = None
+    """An uploaded sdist to build instead of the upstream index's (``wheelhouse request PATH``);
+    part of the job id, so that another upload of the same version is another build."""
 
     @classmethod
     def create(
@@ -91,6 +103,7 @@ class BuildSpec:
         archs: Iterable[str] = (),
         cxx11abi: bool | None = None,
         machine: str = "x86_64",
+        source: Mapping[str, Any] | None = None,
     ) -> BuildSpec:
         """Validate loose user input; raise :class:`InvalidBuildSpec` with a plain message."""
         for name, value in (("project", project), ("version", version), ("python", python),
@@ -118,12 +131,14 @@ class BuildSpec:
             variant = Variant.of(torch, cuda, arch_list, cxx11abi)
         except InvalidVariant as exc:
             raise InvalidBuildSpec(str(exc)) from None
+        name = canonicalize_name(project)
         return cls(
-            project=canonicalize_name(project),
+            project=name,
             version=str(v),
             python=normalize_python(python),
             variant=variant,
             machine=normalize_machine(machine),
+            source=None if source is None else SourceRef.create(source, name, v),
         )
 
     # -- derived names --
@@ -186,12 +201,18 @@ class BuildSpec:
         digest = hashlib.sha256(self.canonical_json().encode()).hexdigest()[:12]
         return f"{readable}-{self.machine}-{digest}"
 
+    def with_source(self, source: Any) -> BuildSpec:
+        """This spec, building the uploaded sdist ``{"sha256", "filename"}`` (validated)."""
+        return dataclasses.replace(
+            self, source=SourceRef.create(source, self.project, Version(self.version)))
+
     def canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serializable form; :meth:`from_dict` validates it again."""
-        return {
+        """JSON-serializable form; :meth:`from_dict` validates it again. ``source`` appears
+        only when set, so that the job ids of upstream builds stay what they were."""
+        data: dict[str, Any] = {
             "project": str(self.project),
             "version": self.version,
             "python": self.python,
@@ -201,6 +222,9 @@ class BuildSpec:
             "cxx11abi": self.cxx11abi,
             "machine": self.machine,
         }
+        if self.source is not None:
+            data["source"] = {"sha256": self.source.sha256, "filename": self.source.filename}
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildSpec:
@@ -209,17 +233,67 @@ class BuildSpec:
                 data["project"], data["version"], python=data["python"], torch=data["torch"],
                 cuda=data["cuda"], archs=data.get("archs") or (),
                 cxx11abi=data.get("cxx11abi"), machine=data.get("machine", "x86_64"),
+                source=data.get("source"),
             )
         except (KeyError, TypeError) as exc:
             raise InvalidBuildSpec(f"build spec is missing or mistypes a field: {exc}") from None
 
     def describe(self) -> str:
-        """``flash-attn 2.8.3 for Python 3.11, torch2.8-cu128 (x86_64)``."""
-        return (f"{self.project} {self.version} for Python {self.python}, "
+        """``flash-attn 2.8.3 for Python 3.11, torch2.8-cu128 (x86_64)`` (plus ``from the
+        uploaded sdist <sha256 prefix>`` for an uploaded source)."""
+        text = (f"{self.project} {self.version} for Python {self.python}, "
                 f"{self.variant.key} ({self.machine})")
+        if self.source is not None:
+            text += f", from the uploaded sdist {self.source.sha256[:12]}"
+        return text
 
     def __str__(self) -> str:
         return self.describe()
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """An uploaded sdist, named by its sha256 (never by a path a client chose) and its file
+    name, which must be an sdist's of the spec's project and version."""
+
+    sha256: str
+    filename: str
+
+    @classmethod
+    def create(cls, data: Mapping[str, Any], project: NormalizedName,
+               version: Version) -> SourceRef:
+        """Validate ``{"sha256", "filename"}``; raise :class:`InvalidBuildSpec` saying why."""
+        if not isinstance(data, Mapping):
+            raise InvalidBuildSpec('source must be an object: {"sha256", "filename"}')
+        sha256, filename = data.get("sha256"), data.get("filename")
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+            raise InvalidBuildSpec("source.sha256 must be 64 lowercase hex digits")
+        if set(data) - {"sha256", "filename"}:
+            raise InvalidBuildSpec('source has fields besides "sha256" and "filename"')
+        check_sdist_filename(filename, project, version)
+        assert isinstance(filename, str)
+        return cls(sha256, filename)
+
+
+def check_sdist_filename(filename: object, project: str | None = None,
+                         version: Version | None = None) -> tuple[NormalizedName, Version]:
+    """The project and version an sdist's file name names (``vecadd-0.1.0.tar.gz``), checked
+    against ``project`` and ``version`` when given; :class:`InvalidBuildSpec` otherwise."""
+    if not isinstance(filename, str) or not filename:
+        raise InvalidBuildSpec("the sdist's file name must be a non-empty string")
+    if (len(filename) > MAX_SDIST_FILENAME or "/" in filename or "\\" in filename
+            or filename.startswith(".") or not filename.isascii() or not filename.isprintable()):
+        raise InvalidBuildSpec(f"{filename[:60]!r} is not an sdist file name")
+    try:
+        name, parsed = parse_sdist_filename(filename)
+    except InvalidSdistFilename:
+        raise InvalidBuildSpec(f"{filename[:60]!r} is not an sdist file name "
+                               "(name-version.tar.gz or .zip)") from None
+    if project is not None and name != canonicalize_name(project):
+        raise InvalidBuildSpec(f"{filename[:60]!r} is not an sdist of {project}")
+    if version is not None and parsed != version:
+        raise InvalidBuildSpec(f"{filename[:60]!r} is not an sdist of version {version}")
+    return name, parsed
 
 
 def tags_serve(tags: Iterable[Tag], python: str, machine: str) -> bool:

@@ -6,15 +6,18 @@ running server's JSON API with a token, the way any client would.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import click
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from wheelhouse.cli import pass_config
 from wheelhouse.config import Config
@@ -110,14 +113,20 @@ def token_list(config: Config) -> None:
 
 
 def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,
-          timeout: float = 30.0) -> tuple[int, dict[str, Any]]:
+          timeout: float = 30.0, *, upload: Path | None = None) -> tuple[int, dict[str, Any]]:
+    """``body`` as JSON, or the file ``upload`` as raw bytes; the answer's status and JSON."""
     if not url.startswith(("http://", "https://")):
         raise click.ClickException(f"the server URL must be http(s): {url!r}")
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={  # noqa: S310
-        "Authorization": f"Bearer {token}", "Accept": "application/json",
-        "Content-Type": "application/json"})
+    headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
+               "Content-Type": "application/json"}
+    data: Any = json.dumps(body).encode() if body is not None else None
     try:
+        if upload is not None:
+            headers["Content-Type"] = "application/octet-stream"
+            headers["Content-Length"] = str(upload.stat().st_size)
+            data = upload.open("rb")
+        req = urllib.request.Request(url, data=data, method=method,  # noqa: S310
+                                     headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:
@@ -128,6 +137,27 @@ def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,
         return exc.code, payload if isinstance(payload, dict) else {"error": str(payload)}
     except (urllib.error.URLError, OSError) as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from None
+    finally:
+        if upload is not None and hasattr(data, "close"):
+            data.close()
+
+
+def _upload_sdist(server: str, token: str, path: Path) -> dict[str, str]:
+    """Upload the sdist at ``path`` (``PUT /api/sources/<name>``); its ``source`` reference."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1024 * 1024):
+            digest.update(chunk)
+    url = f"{server.rstrip('/')}/api/sources/{quote(path.name)}"
+    status, payload = _call("PUT", url, token, upload=path, timeout=300.0)
+    if status >= 400:
+        raise click.ClickException(f"uploading {path.name}: {status}: "
+                                   f"{payload.get('error', payload)}")
+    if payload.get("sha256") != digest.hexdigest():
+        raise click.ClickException(f"the server stored {path.name} as sha256 "
+                                   f"{payload.get('sha256')!r}, not {digest.hexdigest()}")
+    click.echo(f"uploaded {path.name} (sha256 {digest.hexdigest()})", err=True)
+    return {"sha256": digest.hexdigest(), "filename": path.name}
 
 
 @click.command("request")
@@ -152,31 +182,40 @@ def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,
 def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str, ...],
                     archs: tuple[str, ...], machine: str, server: str, api_token: str | None,
                     retry: bool, wait: bool, poll_seconds: float) -> None:
-    """Ask a wheelhouse server to build REQUIREMENT (e.g. flash-attn==2.8.3).
+    """Ask a wheelhouse server to build REQUIREMENT (e.g. flash-attn==2.8.3), or a local
+    sdist (e.g. vecadd-0.1.0.tar.gz), which is uploaded to the server first
+    (WHEELHOUSE_SDIST_UPLOAD_MAX_MIB) and built from there.
 
     Prints one line per Python version: the build id, its state and its page. A build that
     already failed is not run again unless --retry is given: its reason is printed and the
     command exits 1.
     """
-    if requirement.endswith((".tar.gz", ".zip")) and Path(requirement).is_file():
-        # Not yet: the server builds what its upstream index publishes (issue 21 asks for an
-        # upload, within a size limit; the web holds no write access to storage today).
-        raise click.ClickException(
-            f"{requirement} is a local sdist: the server builds only from its upstream index; "
-            f"build it on a GPU host with `wheelhouse build {requirement} --torch {torch} "
-            f"--cuda {cuda} ...`")
     if not api_token:
         raise click.UsageError(f"no API token: set {TOKEN_ENV} (or pass --token)")
-    try:
-        req = Requirement(requirement)
-    except InvalidRequirement as exc:
-        raise click.ClickException(f"not a requirement: {exc}") from None
-    pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
-    if len(pins) != 1 or "*" in pins[0]:
-        raise click.ClickException("pin exactly one version: PROJECT==VERSION")
-    body: dict[str, Any] = {"project": req.name, "version": pins[0], "torch": torch, "cuda": cuda,
+    source: dict[str, str] | None = None
+    local = Path(requirement)
+    if requirement.endswith((".tar.gz", ".zip")) and local.is_file():
+        try:
+            name, version = parse_sdist_filename(local.name)
+        except InvalidSdistFilename:
+            raise click.ClickException(f"{local.name} is not an sdist file name "
+                                       "(name-version.tar.gz)") from None
+        project, pin = str(name), str(version)
+        source = _upload_sdist(server, api_token, local)
+    else:
+        try:
+            req = Requirement(requirement)
+        except InvalidRequirement as exc:
+            raise click.ClickException(f"not a requirement: {exc}") from None
+        pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        if len(pins) != 1 or "*" in pins[0]:
+            raise click.ClickException("pin exactly one version: PROJECT==VERSION")
+        project, pin = req.name, pins[0]
+    body: dict[str, Any] = {"project": project, "version": pin, "torch": torch, "cuda": cuda,
                             "python": list(pythons), "archs": list(archs), "machine": machine,
                             "rerun_failed": retry}
+    if source is not None:
+        body["source"] = source
     status, payload = _call("POST", server.rstrip("/") + "/api/builds", api_token, body)
     if status >= 400:
         raise click.ClickException(f"{status}: {payload.get('error', payload)}")

@@ -234,6 +234,9 @@ class Config:
     private_projects: str = ""
     """Projects never sent upstream from any root (comma-separated, ``*`` globs), beside recipes."""
 
+    sdist_upload_max_mib: int = 256
+    """Largest sdist ``wheelhouse request PATH`` may upload to build, in MiB (larger: 413)."""
+
     upload_max_mib: int = 2048
     """Largest wheel ``twine upload`` / ``uv publish`` may send, in MiB (larger: 413)."""
 

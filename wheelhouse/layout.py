@@ -15,6 +15,8 @@
 - ``logs/<base variant>/<project>/<file>.log``         the full log of the build of that wheel
 - ``stats/<recipe>-cu<XYZ>.json``                      learned compile-job memory (maxjobs)
 - ``sccache/<project>/cu<XYZ>/...``                    the shared compile cache (compilecache)
+- ``sources/<sha256>/<sdist file>``                    an sdist uploaded with ``wheelhouse
+  request PATH`` (the web writes it, workers read it and check its sha256 before unpacking)
 - ``generation``                                       changes on every publication
 
 A published wheel owns the keys :meth:`Record.keys` names; ``wheelhouse gc`` removes exactly
@@ -43,10 +45,14 @@ AUDIT = "audit/"
 LOGS = "logs/"
 STATS = "stats/"
 COMPILE_CACHE = "sccache/"
+SOURCES = "sources/"
 METADATA_SUFFIX = ".metadata"
 #: What build workers write: their S3 policy (``deploy/s3/worker-policy.json``) must allow
 #: each, and nothing else (quarantine markers and deletions are the operator's).
 WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_CACHE)
+#: What the web writes when a build is requested with a local sdist (``PUT /api/sources/...``);
+#: with the read-only web policy of ``deploy/s3/web-policy.json`` those uploads answer 503.
+WEB_SOURCE_WRITES = (SOURCES,)
 
 
 def _base(base: Variant | str) -> str:
@@ -109,6 +115,11 @@ def stats_key(recipe: str, cuda: str) -> str:
 def compile_cache_prefix(space: str) -> str:
     """The shared compile cache's entries of one namespace (``flash-attn/cu130``)."""
     return f"{COMPILE_CACHE}{space}/"
+
+
+def source_key(sha256: str, filename: str) -> str:
+    """Where an uploaded sdist is stored: by its sha256 (content-addressed), then its name."""
+    return f"{SOURCES}{sha256}/{filename}"
 
 
 @dataclass(frozen=True)

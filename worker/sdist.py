@@ -19,7 +19,15 @@ from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist
 from packaging.version import Version
 
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, UpstreamUnavailable
+from wheelhouse.errors import (
+    BuildFailed,
+    FailureKind,
+    InfrastructureError,
+    StorageUnavailable,
+    UpstreamUnavailable,
+)
+from wheelhouse.layout import source_key
+from wheelhouse.storage import Storage
 from wheelhouse.upstream import ProjectFile, fetch_project
 
 _CHUNK = 1024 * 1024
@@ -97,6 +105,44 @@ def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0,
             FailureKind.UNVERIFIED_SOURCE,
             f"{link.filename}: sha256 {digest.hexdigest()[:16]}… does not match the "
             f"{link.sha256[:16]}… the upstream index publishes; refusing to build it")
+    part.replace(dest)
+    return dest
+
+
+def fetch_stored_sdist(storage: Storage, sha256: str, filename: str, dest_dir: Path, *,
+                       max_bytes: int = MAX_SDIST_BYTES) -> Path:
+    """Copy an uploaded sdist (``sources/<sha256>/<filename>``) out of storage and check that
+    its bytes have that sha256 (``unverified-source`` if not), within ``max_bytes``
+    (``too-large``); a storage that doesn't answer is ``infrastructure`` (retried)."""
+    if "/" in filename or filename.startswith("."):
+        raise BuildFailed(FailureKind.INCOMPATIBLE, f"bad sdist name {filename!r}")
+    key = source_key(sha256, filename)
+    try:
+        size = storage.stat(key).size
+        if size > max_bytes:
+            raise BuildFailed(FailureKind.TOO_LARGE,
+                              f"{filename} is larger than the {max_bytes / _MIB:.0f} MiB limit "
+                              "(WHEELHOUSE_SDIST_MAX_MIB)")
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        dest = dest_dir / filename
+        part = dest.with_name(dest.name + ".part")
+        digest = hashlib.sha256()
+        with part.open("wb") as out:
+            for chunk in storage.iter_range(key, 0, size):
+                digest.update(chunk)
+                out.write(chunk)
+    except FileNotFoundError:
+        raise BuildFailed(FailureKind.INCOMPATIBLE,
+                          f"the uploaded sdist {filename} ({sha256[:16]}…) is not in storage "
+                          f"({key}); upload it again with `wheelhouse request PATH`") from None
+    except StorageUnavailable as exc:
+        raise InfrastructureError(f"reading the uploaded sdist {key}: {exc}") from None
+    if digest.hexdigest() != sha256:
+        part.unlink(missing_ok=True)
+        raise BuildFailed(
+            FailureKind.UNVERIFIED_SOURCE,
+            f"{filename}: the stored bytes have sha256 {digest.hexdigest()[:16]}…, not the "
+            f"{sha256[:16]}… it was uploaded as; refusing to build it")
     part.replace(dest)
     return dest
 

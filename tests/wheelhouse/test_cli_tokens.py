@@ -88,13 +88,13 @@ def test_poll_seconds_must_be_positive(bad: str) -> None:
     assert done.returncode == 2 and "--poll-seconds" in done.stderr
 
 
-def test_a_local_sdist_is_pointed_to_wheelhouse_build(tmp_path: Path) -> None:
-    """Issue 21 (in part): no upload yet, so a local sdist gets one line saying what to do."""
-    sdist = tmp_path / "vecadd-0.1.0.tar.gz"
+def test_a_local_sdist_must_be_named_as_one(tmp_path: Path) -> None:
+    """Issue 21: a local sdist is uploaded (tests/e2e/test_request_sdist.py); one whose name
+    is not an sdist's is refused before anything is sent."""
+    sdist = tmp_path / "vecadd.tar.gz"
     sdist.write_bytes(b"")
     done = run_console("request", str(sdist), "--torch", "2.14", "--cuda", "13.0", "--python",
                        "3.11", env={"WHEELHOUSE_TOKEN": "whk_x"})
     assert done.returncode == 1
-    assert done.stderr == (f"Error: {sdist} is a local sdist: the server builds only from its "
-                           f"upstream index; build it on a GPU host with `wheelhouse build "
-                           f"{sdist} --torch 2.14 --cuda 13.0 ...`\n")
+    assert done.stderr == ("Error: vecadd.tar.gz is not an sdist file name "
+                           "(name-version.tar.gz)\n")

@@ -17,7 +17,7 @@ from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.patches import apply_patches
 from worker import safefs
 from worker.runner import Runner
-from worker.sdist import SdistLimits, download_sdist, find_sdist, unpack
+from worker.sdist import SdistLimits, download_sdist, fetch_stored_sdist, find_sdist, unpack
 from worker.steps.context import BuildContext
 
 
@@ -32,7 +32,8 @@ class Source:
 
 @contextmanager
 def unpacked(ctx: BuildContext, run: Runner, given: Path | None) -> Iterator[Source]:
-    """The sdist (``given``, else the upstream index's, its hash verified), unpacked and
+    """The sdist (``given``, else the uploaded one the spec names, else the upstream index's;
+    either one's hash verified), unpacked and
     patched; this host's lock on the source path is held until the block ends, when the
     unpacked tree is removed (unless the workspace is kept)."""
     ctx.journal.phase("fetch")
@@ -40,6 +41,8 @@ def unpacked(ctx: BuildContext, run: Runner, given: Path | None) -> Iterator[Sou
     if given is not None:
         sdist = given
         ctx.say(f"source: local {sdist}")
+    elif ctx.spec.source is not None:
+        sdist = _fetch_uploaded(ctx, limits)
     else:
         sdist = _download(ctx, limits)
     ctx.journal.measured(sdist=sdist.name)
@@ -68,6 +71,19 @@ def _download(ctx: BuildContext, limits: SdistLimits) -> Path:
                                                max_bytes=limits.max_bytes))
     ctx.say(f"sha256 verified: {sdist.name}")
     ctx.journal.measured(sdist_sha256=link.sha256)
+    return sdist
+
+
+def _fetch_uploaded(ctx: BuildContext, limits: SdistLimits) -> Path:
+    ref = ctx.spec.source
+    assert ref is not None
+    ctx.say(f"source: the uploaded {ref.filename} (sha256 {ref.sha256})")
+    sdist = ctx.retried("reading the uploaded sdist",
+                        lambda: fetch_stored_sdist(ctx.storage, ref.sha256, ref.filename,
+                                                   ctx.workspace / "sdist",
+                                                   max_bytes=limits.max_bytes))
+    ctx.say(f"sha256 verified: {sdist.name}")
+    ctx.journal.measured(sdist_sha256=ref.sha256)
     return sdist
 
 
