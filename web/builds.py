@@ -9,10 +9,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
 from wheelhouse.buildspec import BuildSpec, queue_name
-from wheelhouse.catalog import Catalog, Record
+from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidBuildSpec, UnservableSpec
 from wheelhouse.fleet import explain_unservable
 from wheelhouse.queue import (
@@ -45,22 +43,6 @@ class Submitted:
     """Set when the torch index could not be asked (the build was queued unchecked)."""
 
 
-def serves(spec: BuildSpec, filename: str) -> bool:
-    """Whether the wheel called ``filename`` is one ``spec`` asks for (its version, and tags
-    that install into its Python and CPU: :meth:`BuildSpec.tags_match`, the one rule)."""
-    try:
-        _, version, _, tags = parse_wheel_filename(filename)
-    except InvalidWheelFilename:
-        return False
-    return version.public == spec.version and spec.tags_match(tags)
-
-
-def published_for(catalog: Catalog, spec: BuildSpec) -> Record | None:
-    """The published wheel that already serves ``spec``, if any."""
-    return next((r for r in catalog.files(spec.variant, spec.project)
-                 if serves(spec, r.filename)), None)
-
-
 def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
            rerun_failed: bool = False, torch: TorchIndex | None = None) -> list[Submitted]:
     """Enqueue each spec unless its wheel is published or its job exists.
@@ -71,7 +53,7 @@ def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
     """
     out = []
     for spec in specs:
-        record = published_for(catalog, spec)
+        record = catalog.published_for(spec)
         if record is not None:
             out.append(Submitted(spec, spec.job_id, BuildState.BUILT.value, False, record.filename))
             continue
@@ -129,7 +111,7 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
     spec = spec_of(status)
     facts = status.build
     if catalog is not None and spec is not None and status.state is BuildState.BUILT:
-        record = published_for(catalog, spec)
+        record = catalog.published_for(spec)
         if record is not None and (facts.peak_tree_bytes is None or facts.device_code is None):
             facts = record.build  # the job's meta expired or predates these facts
     peak = facts.peak_tree_bytes

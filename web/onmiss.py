@@ -15,7 +15,6 @@ from packaging.utils import NormalizedName
 from packaging.version import Version
 from redis.exceptions import RedisError
 
-from web.builds import serves
 from web.services import Services
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Record
@@ -58,7 +57,7 @@ def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
         spec = BuildSpec.create(project, newest, python=python, torch=variant.torch,
                                 cuda=variant.cuda, archs=variant.archs,
                                 cxx11abi=variant.cxx11abi, machine=cpu)
-        if any(serves(spec, r.filename) for r in files):
+        if any(spec.served_by(r.filename) for r in files):
             return None
         if project not in svc.recipes:
             return None

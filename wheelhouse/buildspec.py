@@ -20,9 +20,11 @@ from typing import Any
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import (
     InvalidSdistFilename,
+    InvalidWheelFilename,
     NormalizedName,
     canonicalize_name,
     parse_sdist_filename,
+    parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
 
@@ -187,6 +189,15 @@ class BuildSpec:
         """Whether a wheel with these tags installs into this spec's Python and CPU: the one
         rule of which wheels serve which interpreter (see :func:`tags_serve`)."""
         return tags_serve(tags, self.python, self.machine)
+
+    def served_by(self, filename: str) -> bool:
+        """Whether the wheel called ``filename`` is one this spec asks for (its version, and
+        tags that install into its Python and CPU: :meth:`tags_match`, the one rule)."""
+        try:
+            _, version, _, tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            return False
+        return version.public == self.version and self.tags_match(tags)
 
     @property
     def queue_name(self) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from packaging.utils import BuildTag, NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
+from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import StorageError, StorageUnavailable
 from wheelhouse.layout import (
     GENERATION_KEY,
@@ -369,6 +370,11 @@ class Catalog:
         """The files an index root lists for a project: O(files of that project)."""
         return _select(self._current().by_base.get(variant.base.key, {}).get(project, []),
                        variant)
+
+    def published_for(self, spec: BuildSpec) -> Record | None:
+        """The published wheel that already serves ``spec``, if any."""
+        return next((r for r in self.files(spec.variant, spec.project)
+                     if spec.served_by(r.filename)), None)
 
     def variants_of(self, project: NormalizedName) -> list[Variant]:
         """Every index root ``project`` was published into, base and narrowed, any torch."""

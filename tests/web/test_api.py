@@ -317,18 +317,20 @@ VECADD = {**GOOD, "project": "vecadd", "version": "0.1.0"}
 
 
 def test_an_uploaded_sdist_is_stored_by_sha256_and_a_build_names_it(
-        client: FlaskClient, tok: str, app: Flask) -> None:
+        queue_client: FlaskClient, tok: str, queue_app: Flask) -> None:
     body = b"\x1f\x8b pretend sdist bytes"
     sha = hashlib.sha256(body).hexdigest()
-    put = client.put(f"/api/sources/{SDIST}", data=body, headers=bearer(tok))
+    put = queue_client.put(f"/api/sources/{SDIST}", data=body, headers=bearer(tok))
     assert put.status_code == 201, put.json
     assert put.json == {"sha256": sha, "filename": SDIST, "size": len(body)}
-    storage = app.extensions["wheelhouse"].storage
+    storage = queue_app.extensions["wheelhouse"].storage
     assert storage.get_bytes(source_key(sha, SDIST)) == body
-    assert client.put(f"/api/sources/{SDIST}", data=body, headers=bearer(tok)).status_code == 200
+    again = queue_client.put(f"/api/sources/{SDIST}", data=body, headers=bearer(tok))
+    assert again.status_code == 200
 
-    made = client.post("/api/builds", json={**VECADD, "source": {"sha256": sha, "filename": SDIST}},
-                       headers=bearer(tok))
+    made = queue_client.post("/api/builds",
+                             json={**VECADD, "source": {"sha256": sha, "filename": SDIST}},
+                             headers=bearer(tok))
     assert made.status_code == 201, made.json
     spec = BuildSpec.create("vecadd", "0.1.0", python="3.11", torch="2.8", cuda="12.8",
                             archs=["sm90"], source={"sha256": sha, "filename": SDIST})
@@ -346,29 +348,29 @@ def test_an_uploaded_sdist_is_stored_by_sha256_and_a_build_names_it(
     ("vecadd-0.1.0.tar.gz", "source must be an object"),
 ])
 def test_a_build_of_a_source_not_uploaded_or_not_its_own_is_refused(
-        client: FlaskClient, tok: str, source: object, why: str) -> None:
-    resp = client.post("/api/builds", json={**VECADD, "source": source}, headers=bearer(tok))
+        queue_client: FlaskClient, tok: str, source: object, why: str) -> None:
+    resp = queue_client.post("/api/builds", json={**VECADD, "source": source}, headers=bearer(tok))
     assert resp.status_code == 400 and why in resp.json["error"], resp.json
 
 
 def test_source_uploads_need_a_build_token_a_real_sdist_name_and_stay_under_the_limit(
         redis_url: str, tmp_path: Path, conn: Redis, tok: str) -> None:
-    app = make_app(redis_url, tmp_path, sdist_upload_max_mib=1,
+    queue_app = make_app(redis_url, tmp_path, sdist_upload_max_mib=1,
                    allowed_projects="vecadd")
-    client = app.test_client()
+    queue_client = queue_app.test_client()
     url = f"/api/sources/{SDIST}"
-    assert client.put(url, data=b"x").status_code == 401
+    assert queue_client.put(url, data=b"x").status_code == 401
     reader = token(conn, "reader", ("read",))
-    assert client.put(url, data=b"x", headers=bearer(reader)).status_code == 403
+    assert queue_client.put(url, data=b"x", headers=bearer(reader)).status_code == 403
     for name, why in (("notes.txt", "is not an sdist file name"),
                       ("flash_attn-2.8.3.tar.gz", "is not built by this server")):
-        resp = client.put(f"/api/sources/{name}", data=b"x", headers=bearer(tok))
+        resp = queue_client.put(f"/api/sources/{name}", data=b"x", headers=bearer(tok))
         assert resp.status_code == 400 and why in resp.json["error"], resp.json
-    empty = client.put(url, data=b"", headers=bearer(tok))
+    empty = queue_client.put(url, data=b"", headers=bearer(tok))
     assert empty.status_code == 400 and "empty" in empty.json["error"]
-    big = client.put(url, data=b"x" * (1024 * 1024 + 1), headers=bearer(tok))
+    big = queue_client.put(url, data=b"x" * (1024 * 1024 + 1), headers=bearer(tok))
     assert big.status_code == 413
     assert "WHEELHOUSE_SDIST_UPLOAD_MAX_MIB=1" in big.json["error"]
     # Just under: the 64 KiB limit of every other route is raised for this one.
-    fits = client.put(url, data=b"x" * (1024 * 1024), headers=bearer(tok))
+    fits = queue_client.put(url, data=b"x" * (1024 * 1024), headers=bearer(tok))
     assert fits.status_code == 201, fits.json

@@ -141,6 +141,19 @@ def test_tags_serve_any_python_version_but_not_garbage() -> None:
         tags_serve(parse_tag("py3-none-any"), "three", "x86_64")
 
 
+@pytest.mark.parametrize(("filename", "ok"), [
+    ("flash_attn-2.8.3+cu130torch2.14-cp311-cp311-linux_x86_64.whl", True),
+    ("flash_attn-2.8.3+cu130torch2.14.sm90-cp311-cp311-linux_x86_64.whl", True),
+    ("flash_attn-2.8.3-cp311-abi3-linux_x86_64.whl", True),
+    ("flash_attn-2.8.4+cu130torch2.14-cp311-cp311-linux_x86_64.whl", False),
+    ("flash_attn-2.8.3+cu130torch2.14-cp312-cp312-linux_x86_64.whl", False),
+    ("flash_attn-2.8.3+cu130torch2.14-cp311-cp311-linux_aarch64.whl", False),
+    ("flash_attn-2.8.3.tar.gz", False),
+])
+def test_which_published_wheel_serves_a_spec(filename: str, ok: bool) -> None:
+    assert spec().served_by(filename) is ok
+
+
 def test_queue_is_per_cuda_and_machine() -> None:
     assert spec().queue_name == "build-cu130-x86_64"
     assert spec(cuda="12.8", torch="2.8", machine="aarch64").queue_name == "build-cu128-aarch64"
