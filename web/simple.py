@@ -28,7 +28,7 @@ from web import onmiss
 from web.caches import Page, PageKey, etag_matches
 from web.services import services
 from wheelhouse import variantwheels
-from wheelhouse.catalog import Record
+from wheelhouse.catalog import Listing, Record
 from wheelhouse.errors import InvalidProjectName
 from wheelhouse.ownership import pinned
 from wheelhouse.variants import Variant, parse_variant
@@ -175,14 +175,15 @@ def project(variant_key: str, name: str) -> BaseResponse:
     normalized = _project(name)
     if normalized != name:
         return _moved(url_for("simple.project", variant_key=variant_key, name=normalized))
-    files = svc.catalog.files(variant, normalized)
+    listing = svc.catalog.listing(variant, normalized)
+    files = listing.files
     if svc.config.build_on_miss:
         _build_on_miss(variant, normalized, files)
     if files:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
     else:
-        elsewhere = svc.catalog.variants_of(normalized)
-        if _owned(normalized):
+        elsewhere = listing.elsewhere
+        if _owned(normalized, listing):
             # Never upstream: the public index would hand the installer an sdist to compile
             # (or, for a name we host, a stranger's package). Not cached: the answer names
             # this server's address, and such misses are rare.
@@ -200,7 +201,7 @@ def _build_on_miss(variant: Variant, project: NormalizedName,
     onmiss.maybe_build(svc, variant, project, files, request.headers.get("User-Agent", ""))
 
 
-def _owned(project: NormalizedName) -> bool:
+def _owned(project: NormalizedName, listing: Listing) -> bool:
     """Whether ``project`` is this index's own, never sent upstream from any root: it has a
     recipe here, the operator pins it, or it was published here and its upstream did not list
     it then (``wheelhouse.ownership``). A project published here that the upstream lists is
@@ -208,7 +209,7 @@ def _owned(project: NormalizedName) -> bool:
     svc = services()
     if project in svc.recipes or pinned(svc.config, project):
         return True
-    return svc.catalog.ever_published(project) and not svc.catalog.on_upstream(project)
+    return listing.published_here and not listing.upstream_listed
 
 
 def _missing(variant: Variant, project: NormalizedName, elsewhere: list[Variant]) -> str:
@@ -304,7 +305,8 @@ def variant_project(name: str) -> BaseResponse:
     normalized = _project(name)
     if normalized != name:
         return redirect(url_for("simple.variant_project", name=normalized), 301)
-    files = svc.catalog.variant_files(normalized)
+    listing = svc.catalog.listing(None, normalized)
+    files = listing.files
     if svc.config.build_on_miss:
         _variant_build_on_miss(normalized)
     if files:
@@ -314,8 +316,8 @@ def variant_project(name: str) -> BaseResponse:
                      for filename, body in _documents(files).items()]
         page = _make_page(_render_project(normalized, files, fmt, documents), fmt)
     else:
-        elsewhere = svc.catalog.variants_of(normalized)
-        if elsewhere or _owned(normalized):
+        elsewhere = listing.elsewhere
+        if elsewhere or _owned(normalized, listing):
             raise NotFound(_missing_variant_wheel(normalized, elsewhere))
         if svc.router.default is None:
             raise NotFound(f"{normalized} is not hosted here, and upstream routing is off")

@@ -52,6 +52,19 @@ log = logging.getLogger(__name__)
 CATCH_UP = 0.05
 
 
+@dataclass(frozen=True)
+class Listing:
+    """What a project page needs, from one view of the catalog: the files the root lists, the
+    roots that have the project, and whether it was published here and its upstream listed it
+    then (``wheelhouse.ownership``: which decides if a root without it may send installers
+    upstream)."""
+
+    files: list[Record]
+    elsewhere: list[Variant]
+    published_here: bool
+    upstream_listed: bool
+
+
 def yank_reason(raw: bytes) -> bool | str:
     """A yank marker's value for :attr:`Record.yanked`: its reason, or True without one."""
     try:
@@ -370,6 +383,17 @@ class Catalog:
         """The files an index root lists for a project: O(files of that project)."""
         return _select(self._current().by_base.get(variant.base.key, {}).get(project, []),
                        variant)
+
+    def listing(self, variant: Variant | None, project: NormalizedName) -> Listing:
+        """One project page's answer: ``variant``'s root, or the plain root ``/simple/`` of
+        variant wheels when None."""
+        view = self._current()
+        files = (list(view.by_label.get(project, ())) if variant is None
+                 else _select(view.by_base.get(variant.base.key, {}).get(project, []), variant))
+        elsewhere = sorted({r.variant for ps in view.by_base.values()
+                            for r in ps.get(project, ())})
+        return Listing(files=files, elsewhere=elsewhere, published_here=project in self._ever,
+                       upstream_listed=project in view.on_upstream)
 
     def published_for(self, spec: BuildSpec) -> Record | None:
         """The published wheel that already serves ``spec``, if any."""

@@ -472,3 +472,20 @@ def test_catch_up_sees_a_publication_before_refresh_seconds(storage: Storage,
     time.sleep(CATCH_UP)
     catalog.catch_up()
     assert catalog.find(base, FA, second.filename) == second
+
+
+def test_one_listing_answers_a_project_page(local_storage: LocalStorage, tmp_path: Path) -> None:
+    """The files a root lists, where else the project is, and whether it is this index's own,
+    from one view of the catalog."""
+    here = _publish(local_storage, tmp_path, "torch2.8-cu128")
+    catalog = Catalog(local_storage, refresh_seconds=0)
+    listed = catalog.listing(parse_variant("torch2.8-cu128"), FA)
+    assert listed.files == [here] and listed.elsewhere == [here.variant]
+    assert listed.published_here and not listed.upstream_listed
+    other = catalog.listing(parse_variant("torch2.8-cu126"), FA)
+    assert other.files == [] and other.elsewhere == [here.variant]
+    plain = catalog.listing(None, FA)  # /simple/: no variant wheel (no device code here)
+    assert plain.files == [] and plain.published_here
+    nothing = catalog.listing(parse_variant("torch2.8-cu128"), canonicalize_name("absent"))
+    assert nothing == type(nothing)(files=[], elsewhere=[], published_here=False,
+                                    upstream_listed=False)
