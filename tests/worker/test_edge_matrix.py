@@ -4,7 +4,8 @@ pipeline (:func:`worker.build.run_build`, real bubblewrap).
 
 One build per case plants its attack at every target of the case
 (``tests/fixtures/cext/hostile_matrix.py``): a link to the worker's root-only secret, a link
-to a directory outside, a FIFO, or a 64 GiB sparse file. Each case must end classified
+to a directory outside, a FIFO, or a sparse file (64 GiB; a wheel of 8 GiB and a compile cache
+entry of 400 MiB, under the worker's caps on them). Each case must end classified
 (``unsafe-result`` when the wheel is attacked) or as a correct, checked, published wheel, within
 its deadline, with the secret in no object or log, nothing outside the workspace changed, and
 none of the scripts the build left where the worker once ran launchers run.
@@ -59,7 +60,7 @@ ALL = sorted(TARGETS.values())
 BUT_THE_WHEEL = [t for t in ALL if t != "wheel"]
 #: What take_wheel says of each attack on the wheel.
 REFUSED = {"link-file": "is a link", "link-dir": "is a link", "fifo": "is a FIFO",
-           "sparse": "over the"}
+           "sparse": "is sparse"}
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,15 @@ def test_an_attack_on_the_edge_ends_classified_or_correct(
              for line in log.splitlines() if "hostile-matrix: " in line]
     assert lines, log[-3000:]
     did = {k: v for line in lines for k, v in line.items()}
+    # The figures first, so that a failing case leaves them too.
+    out = artifacts_dir / "edge" / "matrix"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{case.id}.json").write_text(json.dumps({
+        "case": case.id, "attack": case.attack, "targets": list(case.targets),
+        "storage": "s3" if case.s3 else "local", "oom_retry": case.oom,
+        "outcome": failed.kind.value if failed else "built",
+        "reason": failed.reason if failed else None, "seconds": round(seconds, 1),
+        "build": did}, indent=1, sort_keys=True))
     # The build did plant what the case says, and could not make a device node.
     assert all(did[t] == "planted" for t in ("entry", "source", "home", "tmp")
                if t in case.targets), did
@@ -178,12 +188,4 @@ def test_an_attack_on_the_edge_ends_classified_or_correct(
     assert places <= set(BUILD_WRITABLE), places
     assert not (Path(config.workspace) / "src" / "cext-0.1.0").exists()
 
-    out = artifacts_dir / "edge" / "matrix"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{case.id}.json").write_text(json.dumps({
-        "case": case.id, "attack": case.attack, "targets": list(case.targets),
-        "storage": "s3" if case.s3 else "local", "oom_retry": case.oom,
-        "outcome": failed.kind.value if failed else "built",
-        "reason": failed.reason if failed else None, "seconds": round(seconds, 1),
-        "build": did}, indent=1, sort_keys=True))
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
