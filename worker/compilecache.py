@@ -438,12 +438,14 @@ def _entries(top: int) -> tuple[set[str], int]:
 
 
 def push(storage: Storage, space: str, directory: Path, known: set[str], *, scratch: Path,
-         max_entry_bytes: int = MAX_ENTRY_BYTES, max_entries: int = MAX_PUSH_ENTRIES) -> set[str]:
+         max_entry_bytes: int = MAX_ENTRY_BYTES, max_entries: int = MAX_PUSH_ENTRIES,
+         max_bytes: int | None = None) -> set[str]:
     """Upload the entries of ``directory`` not in ``known``; return their names.
 
     Only regular files of sccache's layout with one link, at most ``max_entry_bytes`` each and
-    ``max_entries`` in all, are read: by descriptor (no link followed, no FIFO opened), copied
-    into ``scratch`` (a directory the worker owns) and uploaded from there.
+    ``max_entries`` and ``max_bytes`` in all (the namespace's cap: more could never stay), are
+    read: by descriptor (no link followed, no FIFO opened, no sparse file copied out whole),
+    copied into ``scratch`` (a directory the worker owns) and uploaded from there.
     """
     prefix = compile_cache_prefix(space)
     sent: set[str] = set()
@@ -456,8 +458,11 @@ def push(storage: Storage, space: str, directory: Path, known: set[str], *, scra
                 st = entry.stat
                 if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and is_entry(entry.rel)
                         and entry.rel not in known and st.st_size <= max_entry_bytes):
-                    todo.append(entry.rel)
-        for name in sorted(todo)[:max_entries]:
+                    todo.append((entry.rel, st.st_size))
+        total = 0
+        for name, size in sorted(todo)[:max_entries]:
+            if max_bytes is not None and total + size > max_bytes:
+                continue
             copy = scratch / f"push-{os.getpid()}-{len(sent)}"
             try:
                 safefs.copy_out(top, name, copy, max_bytes=max_entry_bytes, mode=0o600)
@@ -467,6 +472,7 @@ def push(storage: Storage, space: str, directory: Path, known: set[str], *, scra
                 storage.put_file(prefix + name, copy)
             finally:
                 copy.unlink(missing_ok=True)
+            total += size
             sent.add(name)
     finally:
         os.close(top)

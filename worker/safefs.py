@@ -236,9 +236,19 @@ def read_text(root: Path, rel: str | PurePosixPath, *, max_bytes: int,
 def copy_out(dirfd: int, rel: str | PurePosixPath, dest: Path, *, max_bytes: int,
              timeout: float = 600.0, mode: int = 0o644) -> int:
     """Copy the regular file ``rel`` below ``dirfd`` into the new file ``dest`` (in a directory
-    the worker owns and the build never had); return its size. ``dest`` must not exist."""
-    fd, _ = open_regular(dirfd, rel, max_bytes=max_bytes)
+    the worker owns and the build never had); return its size. ``dest`` must not exist.
+
+    A file with a hole is refused: the copy would be written out whole, so a sparse file
+    (which costs the build no disk, and passes its disk cap) would fill the worker's disk and
+    hold it past the build's deadline. Wheels and compile cache entries are written densely.
+    """
+    fd, st = open_regular(dirfd, rel, max_bytes=max_bytes)
     try:
+        hole = os.lseek(fd, 0, os.SEEK_HOLE) if st.st_size else 0
+        if hole < st.st_size:
+            raise UnsafePath(f"{str(rel)[:200]} is sparse (a hole at byte {hole} of "
+                             f"{st.st_size}); refusing to copy it")
+        os.lseek(fd, 0, os.SEEK_SET)
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                       mode & 0o777)
         try:

@@ -197,6 +197,26 @@ def test_push_never_follows_links_the_build_planted(tmp_path: Path,
     assert [o.key for o in s3_storage.list("sccache/")] == [f"sccache/demo/cu130/{ENTRY}"]
 
 
+def test_push_sends_no_holes_and_no_more_than_the_cap(tmp_path: Path,
+                                                      s3_storage: S3Storage) -> None:
+    """Sparse entries (free to the build's disk cap, whole in the worker's copy) stay; what
+    is pushed stops at the namespace's cap."""
+    directory = tmp_path / "cache" / "demo" / "cu130"
+    (directory / "8" / "9").mkdir(parents=True)
+    for name in (ENTRY, OTHER):
+        with (directory / name).open("wb") as f:
+            f.truncate(256 * 1024 * 1024)
+    (directory / "preprocessor" / "1" / "5" / "6").mkdir(parents=True)
+    (directory / PRE).write_bytes(b"x" * 100)
+    (directory / "8" / "9" / ("89" + "d" * 62)).write_bytes(b"y" * 100)
+    dense = "8/9/89" + "d" * 62
+    assert push(s3_storage, "demo/cu130", directory, set(), scratch=tmp_path / "s") == {
+        dense, PRE}
+    assert push(s3_storage, "demo/cu130", directory, set(), scratch=tmp_path / "s",
+                max_bytes=150) == {dense}
+    assert len(list(s3_storage.list("sccache/"))) == 2
+
+
 def test_pull_never_writes_through_links_the_build_planted(
         tmp_path: Path, s3_storage: S3Storage) -> None:
     """A later pull into a directory an earlier build wrote: a planted link is never written

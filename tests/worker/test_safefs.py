@@ -175,3 +175,17 @@ def test_a_tree_deeper_than_the_cap_is_refused(tmp_path: Path) -> None:
             list(safefs.walk(fd, max_depth=8))
     finally:
         os.close(fd)
+
+
+def test_a_sparse_file_under_the_cap_is_not_copied(tree: Path, resolver: str) -> None:
+    # A hole costs the build no disk (its cap counts blocks); the copy would write it whole.
+    with (tree / "dist" / "x.whl").open("wb") as f:
+        f.write(b"PK")
+        f.truncate(64 * 1024 * 1024)
+    dirfd = safefs.open_dir(tree)
+    try:
+        with pytest.raises(UnsafePath, match="sparse"):
+            safefs.copy_out(dirfd, "dist/x.whl", tree.parent / "out", max_bytes=1024**3)
+    finally:
+        os.close(dirfd)
+    assert not (tree.parent / "out").exists()

@@ -261,18 +261,19 @@ def read_cache_stats(cache: compilecache.CompileCache) -> CompileCacheStats | No
 def push_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache,
                        known: set[str]) -> None:
     """Upload the entries the compile added (not in ``known``, which grows by them)."""
+    limit = int(ctx.config.compile_cache_max_gib * GIB)
     try:
         sent = ctx.retried("storing the compile cache",
                            lambda: compilecache.push(ctx.storage, cache.space, cache.directory,
-                                                     known, scratch=ctx.workspace / "sccache-push"))
+                                                     known, scratch=ctx.workspace / "sccache-push",
+                                                     max_bytes=limit))
     except BuildFailed as exc:
         ctx.say(f"compile cache not stored: {exc.reason}")
         return
     known |= sent
     ctx.say(f"compile cache: {len(sent)} new entries stored")
     try:
-        evicted = compilecache.evict(ctx.storage, cache.space,
-                                     int(ctx.config.compile_cache_max_gib * GIB))
+        evicted = compilecache.evict(ctx.storage, cache.space, limit)
     except (OSError, WheelhouseError) as exc:  # e.g. worker credentials that can't delete
         ctx.say(f"compile cache not evicted in storage: {exc}")
         return
