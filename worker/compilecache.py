@@ -479,6 +479,90 @@ def push(storage: Storage, space: str, directory: Path, known: set[str], *, scra
     return sent
 
 
+@dataclass(frozen=True)
+class Tidied:
+    """What :func:`tidy` did to a project's cache directory on this host."""
+
+    dropped: int
+    """Things not of sccache's layout (links, FIFOs, devices, sockets, stray files)."""
+    stripped: int
+    """Entries whose setuid, setgid or sticky bits were cleared."""
+    evicted: int
+    """Oldest entries removed to bring the directory under its cap."""
+    kept_bytes: int
+
+
+def tidy(directory: Path, *, max_bytes: int, max_entries: int = MAX_PUSH_ENTRIES * 5) -> Tidied:
+    """Bound what a build left in its project's cache directory, once the build has ended.
+
+    By descriptor (the build wrote this tree): everything that is not a regular file of
+    sccache's layout is removed, no entry keeps a setuid, setgid or sticky bit, and the oldest
+    entries go until at most ``max_bytes`` and ``max_entries`` remain. A directory the build
+    made unwalkable (nested past the walk's depth) is removed whole.
+    """
+    if not directory.exists():
+        return Tidied(0, 0, 0, 0)
+    top = safefs.open_dir(directory)
+    dropped = stripped = 0
+    entries: list[tuple[float, str, int]] = []  # (mtime, name, size)
+    try:
+        try:
+            for entry in safefs.walk(top, max_depth=8):
+                st = entry.stat
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and is_entry(entry.rel)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.name, dir_fd=entry.dirfd)
+                        dropped += 1
+                    continue
+                if st.st_mode & 0o7000:
+                    stripped += _strip_special_bits(entry.dirfd, entry.name)
+                entries.append((st.st_mtime, entry.rel, st.st_size))
+        except UnsafePath:
+            os.close(top)
+            top = -1
+            safefs.discard_tree(directory)
+            return Tidied(dropped + 1, stripped, 0, 0)
+        entries.sort()
+        total = sum(size for _, _, size in entries)
+        evicted = 0
+        for _, name, size in entries:
+            if total <= max_bytes and len(entries) - evicted <= max_entries:
+                break
+            parent_rel, _, leaf = name.rpartition("/")
+            with contextlib.suppress(OSError, UnsafePath):
+                parent = safefs.open_subdir(top, parent_rel) if parent_rel else os.dup(top)
+                try:
+                    os.unlink(leaf, dir_fd=parent)
+                finally:
+                    os.close(parent)
+            total -= size
+            evicted += 1
+        return Tidied(dropped, stripped, evicted, total)
+    finally:
+        if top >= 0:
+            os.close(top)
+
+
+def _strip_special_bits(dirfd: int, name: str) -> int:
+    """Clear setuid, setgid and sticky on the regular file ``name`` (opened without following
+    a link and without blocking, checked to be regular before the change)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dirfd)
+    except OSError:
+        return 0
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return 0
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o7000)
+        return 1
+    finally:
+        os.close(fd)
+
+
 def evict(storage: Storage, space: str, max_bytes: int) -> int:
     """Delete the namespace's oldest entries in storage until it holds at most ``max_bytes``;
     return how many were deleted."""

@@ -28,6 +28,7 @@ from worker.compilecache import (
     pull,
     push,
     sccache_version,
+    tidy,
 )
 
 SOURCE = '#include <cstdio>\nint f() { return std::printf("%s\\n", __FILE__); }\n'
@@ -273,3 +274,37 @@ def test_nvcc_cacheable_matches_what_the_pinned_sccache_does(
     assert (done.returncode == 0) is cacheable, done.stderr
     if not cacheable:
         assert "Could not open input file 'add.cubin'" in done.stderr
+
+
+def test_tidy_bounds_what_a_build_left_in_its_cache_directory(tmp_path: Path) -> None:
+    """After a build: only regular files of sccache's layout stay, without setuid/setgid
+    bits, and the oldest go until the directory is under its cap; nothing outside is touched."""
+    cache = tmp_path / "cache" / "demo" / "cu130"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"keep me")
+
+    def entry(name: str, size: int, age: float) -> Path:
+        path = cache / name[0] / name[1] / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+        os.utime(path, (1_000_000 + age, 1_000_000 + age))
+        return path
+
+    oldest = entry("ab" + "0" * 62, 400, 0)
+    newer = entry("ab" + "1" * 62, 400, 10)
+    setuid = entry("cd" + "2" * 62, 100, 20)
+    setuid.chmod(0o6755)
+    os.symlink(outside / "secret", cache / "a" / "b" / ("ab" + "3" * 62))
+    os.mkfifo(cache / "fifo")
+    (cache / "a" / "stray.sh").write_text("#!/bin/sh\n")
+    os.symlink(outside, cache / "a" / "outside")
+
+    done = tidy(cache, max_bytes=600)
+
+    assert (done.dropped, done.stripped, done.evicted) == (4, 1, 1)
+    assert not oldest.exists() and newer.exists() and done.kept_bytes == 500
+    assert stat.S_IMODE(setuid.stat().st_mode) == 0o755
+    left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if not p.is_dir())
+    assert left == sorted(str(p.relative_to(cache)) for p in (newer, setuid))
+    assert (outside / "secret").read_bytes() == b"keep me"

@@ -244,6 +244,12 @@ def sync_cache(ctx: BuildContext, shared: SharedCache | None) -> None:
     """After a compile: record the cache's statistics; share its new entries through storage."""
     if shared is None:
         return
+    tidied = compilecache.tidy(shared.cache.directory,
+                               max_bytes=int(ctx.config.compile_cache_max_gib * GIB))
+    if tidied.dropped or tidied.stripped or tidied.evicted:
+        ctx.say(f"compile cache on this host: {tidied.dropped} things not of sccache's layout "
+                f"removed, {tidied.stripped} setuid/setgid bits cleared, {tidied.evicted} oldest "
+                "entries evicted (WHEELHOUSE_COMPILE_CACHE_MAX_GIB)")
     stats = read_cache_stats(shared.cache)
     if stats is not None:
         ctx.journal.measured(compile_cache=stats)
