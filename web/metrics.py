@@ -114,6 +114,9 @@ class _LiveCollector(Collector):
         self.redis = redis
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        # A process that only answers scrapes reads nothing else that would refresh its
+        # catalog: ask for a refresh (bounded, as any reader's), so the gauge follows storage.
+        self.catalog.maybe_refresh()
         state = self.catalog.state()
         if state.loaded:
             catalog = GaugeMetricFamily("wheelhouse_catalog_files", "Published wheels")

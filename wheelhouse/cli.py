@@ -138,10 +138,11 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
                        err=True)
         storage = open_storage(config)
         for path in files:
-            # Remembered before the record, so every server sees it with the publication.
-            check_upstream(storage, config, parse_name(path.name).project, variant)
             rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized,
                              claim_timeout=config.publish_timeout)
+            # Asked only once the wheel is published (a failed publish asks nobody). Until the
+            # marker is written the project counts as this index's own: the safe side.
+            check_upstream(storage, config, parse_name(path.name).project, variant)
             click.echo(f"published {rec.filename} to {variant.key} in {where} "
                        f"(sha256 {rec.sha256})")
     except WheelhouseError as exc:

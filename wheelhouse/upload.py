@@ -103,9 +103,11 @@ def accept(storage: Storage, config: Config, variant: Variant, fields: Mapping[s
     check_digests(fields, path)
     if name.version.local != variant.local_label and not config.upload_relabel:
         raise InvalidUpload(_label_problem(name.version, variant, path.name))
-    check_upstream(storage, config, name.project, variant)
     try:
-        return publish(storage, path, variant, relabel_wheel=config.upload_relabel,
-                       claim_timeout=config.publish_timeout, by=by)
+        record = publish(storage, path, variant, relabel_wheel=config.upload_relabel,
+                         claim_timeout=config.publish_timeout, by=by)
     except InvalidWheel as exc:
         raise InvalidUpload(str(exc)) from None
+    # Once published (until the marker exists the project counts as this index's own).
+    check_upstream(storage, config, name.project, variant)
+    return record

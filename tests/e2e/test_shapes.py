@@ -185,10 +185,11 @@ def test_fleet(tmp_path: Path, cudaext_upstream: str, redis_url: str,
         status = _wait_built(url, a_build["id"], headers)
         assert status["state"] == "built", (status, (tmp_path / "a.log").read_text()[-3000:])
         assert build_job(conn, a_build["id"]).worker_name == "gpu-a"
-        # The catalog refreshes in the background: the gauge follows within a refresh.
+        # The catalog refreshes in the background: the gauge follows within a refresh. Two
+        # files: the wheel and its variant form for /simple/ (it holds sm_80 device code).
         deadline = time.monotonic() + 30
         metrics = requests.get(f"{url}/metrics", timeout=10).text
-        while "wheelhouse_catalog_files 1.0" not in metrics:
+        while "wheelhouse_catalog_files 2.0" not in metrics:
             assert time.monotonic() < deadline, metrics
             time.sleep(0.5)
             metrics = requests.get(f"{url}/metrics", timeout=10).text
