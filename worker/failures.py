@@ -53,6 +53,9 @@ _ERROR_LINE = re.compile(
     r"nvcc fatal\s*:.*|error: command .* failed.*)"
 )
 _NINJA_FAILED = re.compile(r"^\s*FAILED: (?:\[code=\d+\] )?(?P<target>\S+)", re.MULTILINE)
+# Where pip's own account of a failed build backend begins: what the backend printed last,
+# just before it, says why; pip's lines after it ("hint: See above for details.") never do.
+_PIP_EPILOGUE = re.compile(r"^\s*error: subprocess-exited-with-error", re.MULTILINE)
 
 
 def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
@@ -76,7 +79,9 @@ def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
     if target is not None:
         return Classified(FailureKind.COMPILE_ERROR,
                           f"compiling {_short(target.group('target'))} failed")
-    tail = [line.strip() for line in log.splitlines() if line.strip()]
+    epilogue = _PIP_EPILOGUE.search(log)
+    body = log[:epilogue.start()] if epilogue is not None and epilogue.start() > 0 else log
+    tail = [line.strip() for line in body.splitlines() if line.strip()]
     last = tail[-1] if tail else "no output"
     return Classified(FailureKind.COMPILE_ERROR, f"the build failed: {_short(last, 300)}")
 

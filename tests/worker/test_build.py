@@ -70,6 +70,11 @@ ninja: build stopped: subcommand failed.
          FailureKind.COMPILE_ERROR, "b.cpp:3:1: error: expected ';'"),
         ("Traceback (most recent call last):\nModuleNotFoundError: No module named 'einops'\n",
          FailureKind.COMPILE_ERROR, "No module named 'einops'"),
+        ("  Running command Preparing metadata (pyproject.toml)\n  cext: no CUDA_HOME\n"
+         "  error: subprocess-exited-with-error\n\n  \u00d7 Preparing metadata (pyproject.toml) "
+         "did not run successfully.\n  │ exit code: 1\nerror: metadata-generation-failed\n"
+         "hint: See above for details.\n", FailureKind.COMPILE_ERROR,
+         "the build failed: cext: no CUDA_HOME"),
     ],
 )
 def test_classify_says_why_in_one_line(log: str, kind: FailureKind, reason: str) -> None:
@@ -406,6 +411,26 @@ def test_a_wheel_that_fails_its_checks_is_never_published(
     assert "cext/__init__.py" in failed.value.reason and "RECORD" in failed.value.reason
     assert not list(storage.list("records/"))
     assert "FAILED [invalid-wheel]" in storage.get_bytes(log_key(CEXT)).decode()
+
+
+def test_a_retry_after_an_out_of_memory_kill_is_classified_by_its_own_output(
+    tmp_path: Path, toolkit: ToolkitInfo,
+) -> None:
+    """The first attempt's kill is in the log; the retry failed for another reason, and that
+    reason is what the build reports (not a second out-of-memory kill)."""
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+    sdist = _cext_sdist(tmp_path, oom_then_fail=True)
+
+    with pytest.raises(BuildFailed) as failed:
+        run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                  toolkits=[toolkit], max_jobs=2)
+
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert "retrying once with MAX_JOBS=1" in log and "died due to signal 9" in log
+    assert failed.value.kind is FailureKind.COMPILE_ERROR, failed.value
+    assert "the retry fails by itself" in failed.value.reason
+    assert not list(storage.list("wheels/"))
 
 
 def test_a_cpu_only_build_under_a_cuda_label_is_not_published(

@@ -75,6 +75,7 @@ def _compile(ctx: BuildContext, run: Runner, src: Path, venv: BuildVenv, toolkit
         ctx.journal.measured(max_jobs=jobs)
         dist = ctx.workspace / "dist"
         argv, env, cache = prepare_attempt(ctx, src, venv, toolkit, jobs, cache, dist)
+        began = ctx.log.size()  # this attempt's output is classified, never an earlier one's
         reserve = jobs.reserve_bytes or reserve_bytes(int(psutil.virtual_memory().total))
         # The compile writes the source tree, dist/ and, with the compile cache, the
         # server's runtime directory and the project's cache directory (docs/compiling.md).
@@ -88,14 +89,14 @@ def _compile(ctx: BuildContext, run: Runner, src: Path, venv: BuildVenv, toolkit
                 argv, env=env, cwd=src, what="the compile", read_only=read_only,
                 writable=writable, governor_reserve=reserve,
                 shared=[cache.cache.directory] if cache is not None else [])
+            output = ctx.log.since(began, limit=400_000)  # the compile's, not the sync's
         finally:
             sync_cache(ctx, cache)
         if ran.returncode == 0:
             learn_peaks(ctx, ran.job_peaks)
             return take_wheel_out(ctx, dist)
-        tail = ctx.log.tail()
-        found = classify_log(tail, ctx.spec,
-                             oom=was_oom_killed(ran.returncode, tail[-20_000:]))
+        found = classify_log(output, ctx.spec,
+                             oom=was_oom_killed(ran.returncode, output[-20_000:]))
         if found.kind is FailureKind.OOM:
             learn_peaks(ctx, ran.job_peaks)
             if attempt < OOM_COMPILE.attempts and jobs.jobs > 1:
