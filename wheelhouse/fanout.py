@@ -177,8 +177,8 @@ class PartStatus:
 
 def request_state(states: Iterable[BuildState]) -> BuildState:
     """A split request's state from its parts': failed if any failed, else cancelled if any
-    was cancelled, built when all are built, building once any part started or ended, else
-    queued."""
+    was cancelled, built when all are built, building while any part builds, else queued
+    (parts built and parts waiting for a worker)."""
     seen = list(states)
     if BuildState.FAILED in seen:
         return BuildState.FAILED
@@ -186,7 +186,7 @@ def request_state(states: Iterable[BuildState]) -> BuildState:
         return BuildState.CANCELLED
     if seen and all(s is BuildState.BUILT for s in seen):
         return BuildState.BUILT
-    if any(s is not BuildState.QUEUED for s in seen):
+    if BuildState.BUILDING in seen:
         return BuildState.BUILDING
     return BuildState.QUEUED
 
