@@ -294,6 +294,17 @@ def check_once(url: str, sha256: str, follow: bool) -> None:
                          f"{digest.hexdigest()[:12]}… (expected {sha256[:12]}…)")
 
 
+def index_bytes_of_a_redirect(url: str) -> int:
+    """One request not followed: the index must answer 302 (to S3) and send no wheel bytes;
+    returns the size of the body it sent."""
+    out = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
+                          url], capture_output=True, text=True, timeout=60, check=False).stdout
+    status, body = out.split()
+    if status != "302" or int(body) > 1024:
+        raise SystemExit(f"{url}: redirect mode answered HTTP {status} with {body} bytes")
+    return int(body)
+
+
 def check_accel(url: str, sha256: str, size: int) -> None:
     """Through nginx's X-Accel-Redirect: a range is nginx's to answer, with wheelhouse's ETag and
     Cache-Control; a matching If-None-Match is wheelhouse's 304."""
@@ -393,6 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         def run_rows(name: str, url: str, servers: Sequence[subprocess.Popen[bytes]],
                      s3: subprocess.Popen[bytes] | None = None, follow: bool = False) -> None:
             check_once(url, record.sha256, follow)
+            if follow:
+                log(f"  {name}: the index answered 302 with a {index_bytes_of_a_redirect(url)}-"
+                    "byte body (no wheel bytes); the clients followed it to S3")
             for c in clients:
                 cells.append(measure(name, url, servers, s3, c, size, follow, log))
 

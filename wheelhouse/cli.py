@@ -152,14 +152,17 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
 @click.command()
 @click.option("--older-than", default=24.0, show_default=True, type=float,
               help="Hours before an unpublished leftover counts as abandoned.")
+@click.option("--sources-older-than", default=7.0, show_default=True, type=float,
+              help="Days before an sdist uploaded for a build (`wheelhouse request PATH`) goes.")
 @click.option("--keep-versions", type=click.IntRange(min=1),
               help="Also prune all but the newest N versions per variant and project.")
 @click.option("--apply", "do_apply", is_flag=True, help="Delete; without it, only print.")
 @pass_config
 @storage_option
-def gc(config: Config, older_than: float, keep_versions: int | None, do_apply: bool) -> None:
-    """Remove unpublished leftovers, orphan claims and abandoned uploads (and old versions by
-    policy). Dry-runs unless --apply.
+def gc(config: Config, older_than: float, sources_older_than: float, keep_versions: int | None,
+       do_apply: bool) -> None:
+    """Remove unpublished leftovers, orphan claims, abandoned uploads and old uploaded sdists
+    (and old versions by policy). Dry-runs unless --apply.
 
     A claim is an orphan when its publication wrote no record within WHEELHOUSE_PUBLISH_TIMEOUT.
     """
@@ -168,8 +171,9 @@ def gc(config: Config, older_than: float, keep_versions: int | None, do_apply: b
     from wheelhouse.storage import open_storage  # noqa: PLC0415
 
     storage = open_storage(config)
-    doomed = collector.plan(storage, leftover_age=older_than * 3600, keep_versions=keep_versions,
-                            claim_timeout=config.publish_timeout)
+    doomed = collector.plan(storage, leftover_age=older_than * 3600,
+                            source_age=sources_older_than * 24 * 3600,
+                            keep_versions=keep_versions, claim_timeout=config.publish_timeout)
     for d in doomed:
         click.echo(f"{'delete' if do_apply else 'would delete'} {d.key} ({d.size} bytes): {d.why}")
     if not doomed:

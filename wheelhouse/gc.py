@@ -21,6 +21,7 @@ from wheelhouse.layout import (
     LOGS,
     QUARANTINE,
     RECORDS,
+    SOURCES,
     WHEELS,
     YANKS,
     Record,
@@ -47,6 +48,7 @@ def plan(
     storage: Storage,
     *,
     leftover_age: float = 24 * 3600,
+    source_age: float = 7 * 24 * 3600,
     keep_versions: int | None = None,
     claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     now: float | None = None,
@@ -56,6 +58,8 @@ def plan(
     - files under ``wheels/`` that no record names, older than ``leftover_age`` seconds
       (younger ones may belong to a publication in progress);
     - interrupted writes (temporary files, unfinished multipart uploads) as old;
+    - sdists uploaded for builds (``wheelhouse request PATH``) older than ``source_age``: a build
+      copies its sdist out of storage when it starts, and a request made again uploads it again;
     - orphan claims: a claim with no record, older than the publish timeout
       (``claim_timeout``: the operator's ``Config.publish_timeout``), whose publisher died; at
       once when its publisher ran on this host and no longer runs;
@@ -76,6 +80,9 @@ def plan(
     for obj in storage.list_partials():
         if now - obj.mtime > leftover_age:
             out.append(Deletion(obj.key, obj.size, upload, partial=True))
+    for obj in storage.list(SOURCES):
+        if now - obj.mtime > source_age:
+            out.append(Deletion(obj.key, obj.size, "uploaded sdist, built from or expired"))
     out.extend(_orphan_claims(storage, {r.key for r in records}, claim_timeout, now))
     if keep_versions is not None:
         # Logs, quarantine and yank markers exist for some wheels only: list what is there.

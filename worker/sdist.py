@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 import zipfile
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -66,6 +67,27 @@ def find_sdist(index_url: str, project: str, version: str, *,
     return matches[0]
 
 
+def _write_hashed(chunks: Iterable[bytes], part: Path, *, max_bytes: int, filename: str) -> str:
+    """Write ``chunks`` to ``part`` and return their sha256; more than ``max_bytes`` is
+    ``too-large`` before more than that is written. ``part`` is removed on any failure."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with part.open("wb") as out:
+            for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise BuildFailed(FailureKind.TOO_LARGE,
+                                      f"{filename} is larger than the {max_bytes / _MIB:.0f} MiB "
+                                      "limit (WHEELHOUSE_SDIST_MAX_MIB)")
+                digest.update(chunk)
+                out.write(chunk)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return digest.hexdigest()
+
+
 def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0,
                    max_bytes: int = MAX_SDIST_BYTES) -> Path:
     """Download and check the sha256 the index published; refuse a source without one, and one
@@ -79,31 +101,20 @@ def download_sdist(link: ProjectFile, dest_dir: Path, *, timeout: float = 300.0,
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / link.filename
     part = dest.with_name(dest.name + ".part")
-    digest = hashlib.sha256()
-    size = 0
     req = _request(link.url)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp, part.open("wb") as out:  # noqa: S310
-            while chunk := resp.read(_CHUNK):
-                size += len(chunk)
-                if size > max_bytes:
-                    part.unlink(missing_ok=True)
-                    raise BuildFailed(FailureKind.TOO_LARGE,
-                                      f"{link.filename} is larger than the "
-                                      f"{max_bytes / _MIB:.0f} MiB limit "
-                                      "(WHEELHOUSE_SDIST_MAX_MIB)")
-                digest.update(chunk)
-                out.write(chunk)
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+            digest = _write_hashed(iter(lambda: resp.read(_CHUNK), b""), part,
+                                   max_bytes=max_bytes, filename=link.filename)
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-        part.unlink(missing_ok=True)
         raise InfrastructureError(f"downloading {link.url}: {exc}") from None
-    if digest.hexdigest() != link.sha256:
+    if digest != link.sha256:
         part.unlink(missing_ok=True)
         # A whole transfer (its length was checked by HTTP) with other bytes than the index
         # promised is a changed or tampered file, not a network hiccup: not worth another try.
         raise BuildFailed(
             FailureKind.UNVERIFIED_SOURCE,
-            f"{link.filename}: sha256 {digest.hexdigest()[:16]}… does not match the "
+            f"{link.filename}: sha256 {digest[:16]}… does not match the "
             f"{link.sha256[:16]}… the upstream index publishes; refusing to build it")
     part.replace(dest)
     return dest
@@ -117,31 +128,28 @@ def fetch_stored_sdist(storage: Storage, sha256: str, filename: str, dest_dir: P
     if "/" in filename or filename.startswith("."):
         raise BuildFailed(FailureKind.INCOMPATIBLE, f"bad sdist name {filename!r}")
     key = source_key(sha256, filename)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / filename
+    part = dest.with_name(dest.name + ".part")
     try:
         size = storage.stat(key).size
         if size > max_bytes:
             raise BuildFailed(FailureKind.TOO_LARGE,
                               f"{filename} is larger than the {max_bytes / _MIB:.0f} MiB limit "
                               "(WHEELHOUSE_SDIST_MAX_MIB)")
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        dest = dest_dir / filename
-        part = dest.with_name(dest.name + ".part")
-        digest = hashlib.sha256()
-        with part.open("wb") as out:
-            for chunk in storage.iter_range(key, 0, size):
-                digest.update(chunk)
-                out.write(chunk)
+        digest = _write_hashed(storage.iter_range(key, 0, size), part, max_bytes=max_bytes,
+                               filename=filename)
     except FileNotFoundError:
         raise BuildFailed(FailureKind.INCOMPATIBLE,
                           f"the uploaded sdist {filename} ({sha256[:16]}…) is not in storage "
                           f"({key}); upload it again with `wheelhouse request PATH`") from None
     except StorageUnavailable as exc:
         raise InfrastructureError(f"reading the uploaded sdist {key}: {exc}") from None
-    if digest.hexdigest() != sha256:
+    if digest != sha256:
         part.unlink(missing_ok=True)
         raise BuildFailed(
             FailureKind.UNVERIFIED_SOURCE,
-            f"{filename}: the stored bytes have sha256 {digest.hexdigest()[:16]}…, not the "
+            f"{filename}: the stored bytes have sha256 {digest[:16]}…, not the "
             f"{sha256[:16]}… it was uploaded as; refusing to build it")
     part.replace(dest)
     return dest

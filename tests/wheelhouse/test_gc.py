@@ -39,6 +39,16 @@ def test_leftovers_only_after_their_age(storage: Storage, tmp_path: Path) -> Non
     assert [r.version for r in cat.files(V, "demo")] == ["1.0+cu128torch2.8"]  # type: ignore[arg-type]
 
 
+def test_uploaded_sdists_go_after_their_age(storage: Storage, tmp_path: Path) -> None:
+    key = "sources/" + "a" * 64 + "/demo-1.0.tar.gz"
+    storage.put_bytes(key, b"an sdist a build was requested from")
+    assert gc.plan(storage, now=time.time() + 6 * 24 * 3600) == []
+    doomed = gc.plan(storage, now=time.time() + 8 * 24 * 3600)
+    assert [(d.key, d.why) for d in doomed] == [(key, "uploaded sdist, built from or expired")]
+    gc.apply(storage, doomed)
+    assert not storage.exists(key)
+
+
 def test_prune_keeps_newest(storage: Storage, tmp_path: Path) -> None:
     for v in ("1.0", "1.1", "2.0"):
         _publish(storage, tmp_path, v)
