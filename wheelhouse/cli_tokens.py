@@ -189,7 +189,9 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     sdist (e.g. vecadd-0.1.0.tar.gz), which is uploaded to the server first
     (WHEELHOUSE_SDIST_UPLOAD_MAX_MIB) and built from there.
 
-    Prints one line per Python version: the build id, its state and its page. A build that
+    Prints one line per Python version: the build id, its state and its page; a request split
+    into one job per GPU architecture (--split-archs, or the recipe's default) is followed by a
+    line per part. A build that
     already failed is not run again unless --retry is given: its reason is printed and the
     command exits 1.
     """
