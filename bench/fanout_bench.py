@@ -6,16 +6,18 @@ Everything is real: a redis-server, ``wheelhouse serve`` (gunicorn) over local s
 extension (``examples/vecadd-0.1.0``: a kernel and its torch bindings) compiled by real nvcc
 against torch 2.14.1 (CUDA 13.0) from the local wheels. The sdist is uploaded through the API
 (``PUT /api/sources``) and both requests are made through ``POST /api/builds``, the first with
-``"split_archs": false``, the second with ``true``; the two make different wheels (the
-``-sm80-sm90`` root, then ``-sm80`` and ``-sm90``), and the compile cache is off, so neither run
-reuses the other's compiles. A makespan is RQ's own: the last part's end minus the request's
-first enqueue.
+``"split_archs": true``, the second with ``false`` (in that order: the one-job wheel holds both
+archs, so the ``-smXX`` roots would list it and the split request would find nothing to build);
+the two make different wheels (``-sm80`` and ``-sm90``, then ``-sm80-sm90``), and the compile
+cache is off, so neither run reuses the other's compiles. A makespan is RQ's own: the last
+part's end minus the request's first enqueue.
 
 On one host the two workers share its cores; ``--pin`` gives each worker its own share of them
 (``taskset``), as two hosts would have, which is what the fan-out is for. Without it, the ratio
 says how much one host gains from running the two architectures' compiles side by side.
 
     python bench/fanout_bench.py [--archs 80 90] [--pin] [--workdir DIR] [--json out.json]
+                                 [--sdist PATH]
 
 Uses every core of the machine for minutes; run it on an otherwise idle machine.
 """
@@ -41,6 +43,7 @@ from typing import Any
 
 import redis
 import requests
+from packaging.utils import parse_sdist_filename
 
 from wheelhouse.config import Config
 from wheelhouse.queue import fetch_job
@@ -146,6 +149,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--sdist", type=Path, default=None,
+                        help="another sdist to build (name-version.tar.gz); default: "
+                             "examples/vecadd-0.1.0")
     args = parser.parse_args()
     for tool in ("redis-server", "nvcc", "bwrap", "wheelhouse"):
         if shutil.which(tool) is None:
@@ -186,21 +192,24 @@ def main() -> None:
             if time.monotonic() > deadline:
                 sys.exit(f"the workers did not come up; see {work}/worker-*.log")
             time.sleep(1)
-        sdist = _sdist(work)
+        sdist = args.sdist or _sdist(work)
+        project, version = parse_sdist_filename(sdist.name)
         with sdist.open("rb") as f:
             put = requests.put(f"{url}/api/sources/{sdist.name}", data=f, headers=headers,
                                timeout=120)
         source = {"sha256": put.json()["sha256"], "filename": sdist.name}
-        body = {"project": "vecadd", "version": "0.1.0", "torch": "2.14", "cuda": "13.0",
+        body = {"project": project, "version": str(version), "torch": "2.14", "cuda": "13.0",
                 "python": ["3.11"], "archs": args.archs, "source": source}
         load = os.getloadavg()
         print(f"host: {os.cpu_count()} cores, load average {load[0]:.2f} before the runs; "
               f"workers pinned: {cpu_sets if args.pin else 'no'}", flush=True)
-        unsplit = _request(url, headers, body | {"split_archs": False}, conn, args.timeout)
-        print(f"one job, sm{' + sm'.join(args.archs)}: {unsplit['seconds']} s", flush=True)
+        # Split first: the one-job wheel holds both archs, so each -smXX root would list it
+        # and the split request would find its parts published (no job made).
         split = _request(url, headers, body | {"split_archs": True}, conn, args.timeout)
         per_part = ", ".join(f"{v['worker']} {v['seconds']} s" for v in split["jobs"].values())
         print(f"one job per arch: {split['seconds']} s ({per_part})", flush=True)
+        unsplit = _request(url, headers, body | {"split_archs": False}, conn, args.timeout)
+        print(f"one job, sm{' + sm'.join(args.archs)}: {unsplit['seconds']} s", flush=True)
         ratio = round(unsplit["seconds"] / split["seconds"], 2)
         print(f"makespan ratio (one job / split): {ratio}")
     result = {"archs": args.archs, "pinned": cpu_sets if args.pin else None,
