@@ -68,8 +68,8 @@ def _valid_name(project: str) -> bool:
 
 def _split_field(values: list[str]) -> bool | str | None:
     """The form's "one job per GPU architecture": a hidden ``0`` before the checkbox's ``1``,
-    so the last value is what was chosen; absent (a form without the field, such as a matrix
-    cell's) is None, the recipe's default. Anything else is passed on for the form to refuse."""
+    so the last value is what was chosen; absent (a form or link without the field) is None,
+    the recipe's default. Anything else is passed on for the form to refuse."""
     if not values:
         return None
     return {"0": False, "1": True}.get(values[-1], values[-1])
