@@ -12,15 +12,16 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailable
 
 from web import auth
-from web.builds import JOB_ID, build_view, submit
+from web.builds import JOB_ID, Submitted, SubmittedSplit, build_view, request_view, submit_request
 from web.form import parse_request
 from web.services import services
 from wheelhouse.buildspec import SourceRef, check_sdist_filename
 from wheelhouse.errors import InvalidBuildSpec, UploadTooLarge
+from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.layout import source_key
 from wheelhouse.queue import cancel_build, get_build, log_since
-from wheelhouse.recipes import allowed_projects, check_allowed
+from wheelhouse.recipes import allowed_projects, check_allowed, load_recipe
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -65,7 +66,8 @@ def openapi() -> Response:
 
 @bp.post("/builds")
 def create_builds() -> Response:
-    """``{"project", "version", "torch", "cuda", "python": [...], "archs": [...]}`` → build ids."""
+    """``{"project", "version", "torch", "cuda", "python": [...], "archs": [...]}`` → build ids;
+    ``"split_archs": true`` makes one job per architecture (absent: the recipe's default)."""
     info = auth.require_scope("build")
     auth.rate_limit(info)
     shape = ("send a JSON object (Content-Type: application/json): {\"project\", \"version\", "
@@ -95,19 +97,30 @@ def create_builds() -> Response:
         if not svc.storage.exists(source_key(ref.sha256, ref.filename)):
             raise InvalidBuildSpec(f"no sdist {ref.filename} with sha256 {ref.sha256[:16]}… "
                                    "was uploaded here: PUT it to /api/sources/<filename> first")
-    results = submit(_conn(), svc.catalog, specs, rerun_failed=rerun, torch=svc.torch)
+    # Every spec of one request is of one project, so of one recipe (its split_archs default).
+    recipe = load_recipe(specs[0].project, svc.config.extra_recipe_dirs)
+    results = submit_request(_conn(), svc.catalog, specs, recipe, split=req.split_archs,
+                             rerun_failed=rerun, torch=svc.torch)
     builds = []
     for r in results:
-        builds.append({
-            "id": r.job_id, "python": r.spec.python, "variant": r.spec.variant.key,
-            "state": r.state, "created": r.created, "wheel": r.wheel,
-            "url": url_for("buildpage.build", job_id=r.job_id, _external=True),
-            "api": url_for("api.build", job_id=r.job_id, _external=True),
-        })
+        item = _submitted(r)
+        if isinstance(r, SubmittedSplit):
+            # One request, one job per architecture: each part is a build of its own.
+            item["parts"] = [_submitted(p) | {"arch": p.spec.archs[0]} for p in r.parts]
+        builds.append(item)
     warnings = sorted({r.warning for r in results if r.warning})
     resp = jsonify({"builds": builds, "warnings": warnings} if warnings else {"builds": builds})
     resp.status_code = 201 if any(r.created for r in results) else 200
     return _no_store(resp)
+
+
+def _submitted(r: Submitted | SubmittedSplit) -> dict[str, Any]:
+    return {
+        "id": r.job_id, "python": r.spec.python, "variant": r.spec.variant.key,
+        "state": r.state, "created": r.created, "wheel": r.wheel,
+        "url": url_for("buildpage.build", job_id=r.job_id, _external=True),
+        "api": url_for("api.build", job_id=r.job_id, _external=True),
+    }
 
 
 @bp.put("/sources/<filename>")
@@ -152,7 +165,19 @@ def upload_source(filename: str) -> Response:
 @bp.get("/builds/<job_id>")
 def build(job_id: str) -> Response:
     conn = _conn()
-    status = get_build(conn, _job_id(job_id))
+    if is_request_id(_job_id(job_id)):
+        request = load_request(conn, job_id)
+        if request is None:
+            raise NotFound("no such build request")
+        view = request_view(conn, request_status(conn, request, services().catalog),
+                            base_url(), services().catalog)
+        for part in view["parts"]:
+            part["url"] = url_for("buildpage.build", job_id=part["id"])
+            part["api"] = url_for("api.build", job_id=part["id"])
+        view["urls"] = {"page": url_for("buildpage.build", job_id=job_id),
+                        "cancel": url_for("api.cancel", job_id=job_id)}
+        return _no_store(jsonify(view))
+    status = get_build(conn, job_id)
     if status is None:
         raise NotFound("no such build")
     view = build_view(conn, status, base_url(), services().catalog)
@@ -183,7 +208,17 @@ def cancel(job_id: str) -> Response:
     info = auth.require_scope("build")
     auth.rate_limit(info)
     conn = _conn()
-    if get_build(conn, _job_id(job_id)) is None:
+    if is_request_id(_job_id(job_id)):
+        request = load_request(conn, job_id)
+        if request is None:
+            raise NotFound("no such build request")
+        cancelled = cancel_request(conn, request)
+        if not cancelled:
+            raise Conflict("every part of the request already ended")
+        state = request_status(conn, request, services().catalog).state
+        return _no_store(jsonify({"id": job_id, "cancel_requested": True,
+                                  "parts": cancelled, "state": state.value}))
+    if get_build(conn, job_id) is None:
         raise NotFound("no such build")
     if not cancel_build(conn, job_id):
         raise Conflict("the build already ended")

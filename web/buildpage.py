@@ -1,4 +1,6 @@
-"""A build's page (``/builds/<job_id>``): state, facts, the log's tail; and cancelling it."""
+"""A build's page (``/builds/<job_id>``): state, facts, the log's tail; and cancelling it. A
+split request (``wheelhouse.fanout``) has a page at the same place: its parts, each linking to
+its own build's page; cancelling it cancels every part still queued or building."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.api import base_url
-from web.builds import JOB_ID, build_view, spec_of
+from web.builds import JOB_ID, build_view, request_view, spec_of
 from web.services import services
+from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
 
 bp = Blueprint("buildpage", __name__)
@@ -24,6 +27,8 @@ def build(job_id: str) -> str:
     conn = services().redis
     if conn is None or not JOB_ID.fullmatch(job_id):
         raise NotFound("no such build")
+    if is_request_id(job_id):
+        return _split_request(job_id)
     status = get_build(conn, job_id)
     if status is None:
         raise NotFound("no such build (builds are kept for 30 days)")
@@ -38,6 +43,24 @@ def build(job_id: str) -> str:
         can_cancel=info is not None and info.allows("build") and not status.finished,
         retry_url=url_for("requestpage.request_form", **_retry_args(status.spec))
         if status.state in (BuildState.FAILED, BuildState.CANCELLED) else None,
+    )
+
+
+def _split_request(request_id: str) -> str:
+    conn = services().redis
+    assert conn is not None
+    request = load_request(conn, request_id)
+    if request is None:
+        raise NotFound("no such build request (requests are kept for 30 days)")
+    status = request_status(conn, request, services().catalog)
+    view = request_view(conn, status, base_url(), services().catalog)
+    info = auth.current_token()
+    return render_template(
+        "split.html", view=view, spec=request.spec,
+        can_cancel=info is not None and info.allows("build") and not status.finished,
+        retry_url=url_for("requestpage.request_form", **_retry_args(request.spec.to_dict()),
+                          split_archs="1")
+        if status.finished and status.state is not BuildState.BUILT else None,
     )
 
 
@@ -61,7 +84,15 @@ def cancel(job_id: str) -> BaseResponse:
     info = auth.require_scope("build")
     auth.rate_limit(info)
     conn = services().redis
-    if conn is None or not JOB_ID.fullmatch(job_id) or get_build(conn, job_id) is None:
+    if conn is None or not JOB_ID.fullmatch(job_id):
+        raise NotFound("no such build")
+    if is_request_id(job_id):
+        request = load_request(conn, job_id)
+        if request is None:
+            raise NotFound("no such build request")
+        cancel_request(conn, request)
+        return redirect(url_for("buildpage.build", job_id=job_id), code=303)
+    if get_build(conn, job_id) is None:
         raise NotFound("no such build")
     cancel_build(conn, job_id)
     return redirect(url_for("buildpage.build", job_id=job_id), code=303)

@@ -12,6 +12,15 @@ from typing import TYPE_CHECKING, Any
 from wheelhouse.buildspec import BuildSpec, queue_name
 from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidBuildSpec, UnservableSpec
+from wheelhouse.fanout import (
+    RequestStatus,
+    SplitRequest,
+    load_request,
+    part_spec,
+    record_request,
+    request_id,
+    request_state,
+)
 from wheelhouse.fleet import explain_unservable
 from wheelhouse.queue import (
     BuildState,
@@ -20,6 +29,7 @@ from wheelhouse.queue import (
     finished_durations,
     get_build,
 )
+from wheelhouse.recipes import Recipe
 from wheelhouse.torchindex import TorchIndex
 
 if TYPE_CHECKING:
@@ -69,6 +79,71 @@ def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
             warning = torch.check(spec.torch, spec.cuda)
         done = enqueue_build(conn, spec, rerun_failed=rerun_failed)
         out.append(Submitted(spec, done.job_id, done.state.value, done.created, warning=warning))
+    return out
+
+
+@dataclass(frozen=True)
+class SubmittedSplit:
+    """A request split into one build per architecture (``wheelhouse.fanout``)."""
+
+    request: SplitRequest
+    parts: list[Submitted]
+    recorded: bool
+    """False when the request existed already."""
+
+    @property
+    def job_id(self) -> str:
+        return self.request.id
+
+    @property
+    def spec(self) -> BuildSpec:
+        return self.request.spec
+
+    @property
+    def state(self) -> str:
+        return request_state(BuildState(p.state) for p in self.parts).value
+
+    @property
+    def created(self) -> bool:
+        return any(p.created for p in self.parts)
+
+    @property
+    def warning(self) -> str | None:
+        return next((p.warning for p in self.parts if p.warning), None)
+
+    @property
+    def wheel(self) -> None:
+        """A request has no one wheel: each part has its own."""
+        return None
+
+
+def split_archs_of(spec: BuildSpec, recipe: Recipe, split: bool | None) -> tuple[str, ...]:
+    """The architectures to split ``spec`` into, or ``()`` to build it as one job: a split
+    (asked for, else the recipe's ``split_archs``) of at least two architectures (the spec's,
+    else the recipe's default)."""
+    if not (recipe.split_archs if split is None else split):
+        return ()
+    archs = recipe.archs_for(spec.variant)
+    return archs if len(archs) > 1 else ()
+
+
+def submit_request(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], recipe: Recipe,
+                   *, split: bool | None = None, rerun_failed: bool = False,
+                   torch: TorchIndex | None = None) -> list[Submitted | SubmittedSplit]:
+    """:func:`submit` each spec, or, where it splits (:func:`split_archs_of`), each of its
+    single-arch parts, and keep the request that ties them together."""
+    out: list[Submitted | SubmittedSplit] = []
+    for spec in specs:
+        archs = split_archs_of(spec, recipe, split)
+        if not archs:
+            out.extend(submit(conn, catalog, [spec], rerun_failed=rerun_failed, torch=torch))
+            continue
+        # A request made before keeps its parts, whatever the recipe's default is now.
+        request = load_request(conn, request_id(spec)) or SplitRequest.create(spec, archs)
+        parts = submit(conn, catalog, request.part_specs(), rerun_failed=rerun_failed,
+                       torch=torch)
+        kept, recorded = record_request(conn, request)
+        out.append(SubmittedSplit(kept, parts, recorded))
     return out
 
 
@@ -195,3 +270,42 @@ def _finishing(status: BuildStatus) -> bool:
         return True
     progress = status.progress
     return progress is not None and progress[0] >= progress[1] > 0
+
+
+# -- viewing a split request --
+
+
+def request_view(conn: Redis, status: RequestStatus, base_url: str,
+                 catalog: Catalog | None = None) -> dict[str, Any]:
+    """The JSON form of a split request: its state from its parts', and each part's view."""
+    request = status.request
+    parts = []
+    for part in status.parts:
+        view = build_view(conn, part.build, base_url, catalog) if part.build is not None \
+            else None
+        pspec = part_spec(request.spec, part.arch)
+        parts.append({
+            "arch": part.arch, "id": part.job_id, "state": part.state.value,
+            "job": part.build is not None,
+            "finished": part.finished, "variant": pspec.variant.key, "wheel": part.wheel,
+            "progress": view["progress"] if view else None,
+            "phase": view["phase"] if view else None,
+            "reason": view["reason"] if view else None,
+            "failure_kind": view["failure_kind"] if view else None,
+            "started_at": view["started_at"] if view else None,
+            "ended_at": view["ended_at"] if view else None,
+            "install": install_command(base_url, pspec)
+            if part.state is BuildState.BUILT else None,
+        })
+    return {
+        "id": request.id,
+        "kind": "split",
+        "state": status.state.value,
+        "finished": status.finished,
+        "spec": request.spec.to_dict(),
+        "description": request.describe(),
+        "variant": request.spec.variant.key,
+        "archs": list(request.archs),
+        "parts": parts,
+        "enqueued_at": datetime.fromtimestamp(request.created_at, UTC).isoformat(),
+    }

@@ -32,7 +32,7 @@ from wheelhouse.variants import (
 
 #: torch versions the form suggests (any valid major.minor is accepted).
 SUGGESTED_TORCH: tuple[str, ...] = ("2.14", "2.10", "2.9", "2.8", "2.7", "2.6", "2.5")
-FIELDS = ("project", "version", "torch", "cuda", "python", "archs", "machine")
+FIELDS = ("project", "version", "torch", "cuda", "python", "archs", "machine", "split_archs")
 #: The most builds one request may create (all Pythons of one variant).
 MAX_PYTHONS = len(KNOWN_PYTHONS)
 
@@ -48,6 +48,8 @@ class BuildRequest:
     errors: dict[str, str] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
     """What was submitted, normalized where it could be: refills the form."""
+    split_archs: bool | None = None
+    """One job per GPU architecture (``wheelhouse.fanout``); None: the recipe's default."""
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -151,12 +153,17 @@ def parse_request(data: Mapping[str, Any], allowed: Collection[str] = ()) -> Bui
     else:
         machine = _known(errors, "machine", [machine], normalize_machine,
                          "unknown CPU architecture", KNOWN_MACHINES)[0]
+    split = data.get("split_archs")
+    if split is not None and not isinstance(split, bool):
+        errors["split_archs"] = "split_archs must be true or false (absent: the recipe's default)"
+    else:
+        req.split_archs = split
     unknown = [k for k in data if k not in FIELDS]
     if unknown:
         errors["_"] = "unknown fields: " + ", ".join(_short(k) for k in sorted(unknown)[:5])
     req.values = {"project": project, "version": version, "torch": torch, "cuda": cuda,
                   "python": pythons or [p for p in raw_pythons if isinstance(p, str)],
-                  "archs": archs, "machine": machine}
+                  "archs": archs, "machine": machine, "split_archs": req.split_archs}
     if errors:
         return req
     for python in dict.fromkeys(pythons):

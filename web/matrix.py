@@ -17,6 +17,7 @@ from packaging.version import InvalidVersion, Version
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, tags_serve
 from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidVariant
+from wheelhouse.fanout import PartStatus, RequestStatus, recent_requests
 from wheelhouse.jobmeta import JobMeta
 from wheelhouse.queue import BuildState, all_build_jobs, state_of
 from wheelhouse.variants import Variant, parse_variant
@@ -185,3 +186,26 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
         pm.columns = sorted(columns, key=lambda c: (_variant_sort(c[0]),
                                                     tuple(int(p) for p in c[1].split("."))))
     return [by_project[p] for p in sorted(by_project)]
+
+
+def split_requests(catalog: Catalog, conn: Redis, jobs: list[Job], *,
+                   project: str | None = None, limit: int = 20) -> list[RequestStatus]:
+    """The newest split requests (``wheelhouse.fanout``), each with its parts' states, from
+    the jobs already fetched in bulk: one Redis read for the records, none per part."""
+    states = {job.id: state_of(job) for job in jobs}
+    out = []
+    for request in recent_requests(conn, limit):
+        if project is not None and request.spec.project != project:
+            continue
+        parts = []
+        for part, spec in zip(request.parts, request.part_specs(), strict=True):
+            state = states.get(part.job_id)
+            if state is not None:
+                parts.append(PartStatus(part.arch, part.job_id, state))
+                continue
+            record = catalog.published_for(spec)  # published before: no job was made
+            parts.append(PartStatus(part.arch, part.job_id,
+                                    BuildState.BUILT if record else BuildState.CANCELLED,
+                                    wheel=record.filename if record else None))
+        out.append(RequestStatus(request, tuple(parts)))
+    return out

@@ -6,9 +6,10 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, render_template, request, url_for
 
-from web.matrix import build_matrix, newest_per_major
+from web.matrix import build_matrix, newest_per_major, split_requests
 from web.services import services
 from wheelhouse.fleet import live_workers
+from wheelhouse.queue import all_build_jobs
 from wheelhouse.variants import parse_variant
 
 bp = Blueprint("matrixpage", __name__)
@@ -21,13 +22,16 @@ def matrix() -> str:
     # One read of the fleet's adverts: the CUDA lines some live worker builds.
     workers = live_workers(svc.redis) if svc.redis is not None else []
     fleet_cuda = {c for ad in workers for c in ad.cuda_versions}
-    projects = build_matrix(svc.catalog, svc.redis, project=project,
+    jobs = all_build_jobs(svc.redis) if svc.redis is not None else None
+    projects = build_matrix(svc.catalog, svc.redis, project=project, jobs=jobs,
                             buildable_cuda=newest_per_major(fleet_cuda))
+    splits = split_requests(svc.catalog, svc.redis, jobs, project=project) \
+        if svc.redis is not None and jobs is not None else []
     # The filter offers every project: those with a recipe and those the index hosts.
     hosted = {str(r.project) for r in svc.catalog.all_records()}
     return render_template("matrix.html", projects=projects, selected=project,
                            recipes=sorted(set(svc.recipes) | hosted),
-                           queue=svc.redis is not None)
+                           queue=svc.redis is not None, splits=splits)
 
 
 @bp.app_template_global()
@@ -37,6 +41,8 @@ def request_fields(project: str, version: str, variant: str, python: str) -> lis
     fields = [("project", project), ("version", version), ("torch", v.torch), ("cuda", v.cuda),
               ("python", python)]
     fields.extend(("archs", a) for a in v.archs)
+    # A cell asks for the one wheel of its column, never one job per architecture.
+    fields.append(("split_archs", "0"))
     return fields
 
 

@@ -10,14 +10,14 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.api import base_url
-from web.builds import submit
+from web.builds import submit_request
 from web.form import SUGGESTED_TORCH, parse_request
 from web.services import services
 from web.signin import login_redirect, no_build_queue
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import TorchUnavailable, UnservableSpec
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
-from wheelhouse.recipes import allowed_projects
+from wheelhouse.recipes import allowed_projects, load_recipe
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("requestpage", __name__)
@@ -41,6 +41,9 @@ def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, A
     versions = (svc.versions.get(svc.router.default, project)
                 if project and "project" not in errors and _valid_name(project) else None)
     servable_cuda = sorted({c for c, _ in pairs})
+    # The checkbox's default is the project's recipe's (the generic one's for any other name).
+    split_default = bool(project and "project" not in errors and _valid_name(project)
+                         and load_recipe(project, svc.config.extra_recipe_dirs).split_archs)
     return {
         "values": values, "errors": errors, "suggestions": suggestions, "project": project,
         "allowlist": bool(allowed_projects(svc.config)),
@@ -49,6 +52,7 @@ def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, A
         "pairs": sorted(pairs), "machines": KNOWN_MACHINES,
         "servable_machines": sorted({m for _, m in pairs}), "pythons": KNOWN_PYTHONS,
         "archs": KNOWN_ARCHS, "workers": workers, "unavailable": unavailable_reasons(workers),
+        "split_default": split_default,
     }
 
 
@@ -60,6 +64,15 @@ def _valid_name(project: str) -> bool:
         return False
     allowed = allowed_projects(services().config)
     return not allowed or name in allowed
+
+
+def _split_field(values: list[str]) -> bool | str | None:
+    """The form's "one job per GPU architecture": a hidden ``0`` before the checkbox's ``1``,
+    so the last value is what was chosen; absent (a form or link without the field) is None,
+    the recipe's default. Anything else is passed on for the form to refuse."""
+    if not values:
+        return None
+    return {"0": False, "1": True}.get(values[-1], values[-1])
 
 
 @bp.get("/request")
@@ -75,6 +88,7 @@ def request_form() -> BaseResponse | tuple[str, int] | str:
         "python": request.args.getlist("python"), "archs": request.args.getlist("archs"),
         "machine": request.args.get("machine", "x86_64"),
         "rerun": request.args.get("rerun") == "1",
+        "split_archs": _split_field(request.args.getlist("split_archs")),
     }
     return render_template("request.html", **_form_context(values, {}), submitted=None,
                            can_build=info.allows("build"))
@@ -93,6 +107,8 @@ def request_submit() -> BaseResponse | tuple[str, int]:
                             ("project", "version", "torch", "cuda", "machine")}
     data["python"] = request.form.getlist("python")
     data["archs"] = request.form.getlist("archs")
+    if "split_archs" in request.form:
+        data["split_archs"] = _split_field(request.form.getlist("split_archs"))
     req = parse_request(data, allowed_projects(svc.config))
     rerun = request.form.get("rerun") == "1"
     req.values["rerun"] = rerun
@@ -101,8 +117,10 @@ def request_submit() -> BaseResponse | tuple[str, int]:
     if not req.errors:
         assert svc.redis is not None  # require_scope checked it
         try:
-            submitted = submit(svc.redis, svc.catalog, req.specs,
-                               rerun_failed=rerun, torch=svc.torch)
+            recipe = load_recipe(req.specs[0].project, svc.config.extra_recipe_dirs)
+            submitted = submit_request(svc.redis, svc.catalog, req.specs, recipe,
+                                       split=req.split_archs, rerun_failed=rerun,
+                                       torch=svc.torch)
         except UnservableSpec as exc:
             req.errors["cuda"] = str(exc)
         except TorchUnavailable as exc:

@@ -168,6 +168,9 @@ def _upload_sdist(server: str, token: str, path: Path) -> dict[str, str]:
               help="Python version (repeatable), e.g. 3.11.")
 @click.option("--arch", "archs", multiple=True, help="GPU architecture (repeatable), e.g. sm90.")
 @click.option("--machine", default="x86_64", show_default=True, help="CPU architecture.")
+@click.option("--split-archs/--no-split-archs", "split_archs", default=None,
+              help="One job per GPU architecture, each publishing a single-arch wheel, built "
+                   "side by side across the fleet; default: the project's recipe's.")
 @click.option("--server", envvar=SERVER_ENV, default="http://127.0.0.1:8000", show_default=True,
               help=f"The wheelhouse server; default: ${SERVER_ENV} if set.")
 @click.option("--token", "api_token", envvar=TOKEN_ENV, default=None,
@@ -180,13 +183,15 @@ def _upload_sdist(server: str, token: str, path: Path) -> dict[str, str]:
               type=click.FloatRange(min=0, min_open=True),
               help=f"With --wait: seconds between status checks (or ${POLL_ENV}).")
 def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str, ...],
-                    archs: tuple[str, ...], machine: str, server: str, api_token: str | None,
-                    retry: bool, wait: bool, poll_seconds: float) -> None:
+                    archs: tuple[str, ...], machine: str, split_archs: bool | None, server: str,
+                    api_token: str | None, retry: bool, wait: bool, poll_seconds: float) -> None:
     """Ask a wheelhouse server to build REQUIREMENT (e.g. flash-attn==2.8.3), or a local
     sdist (e.g. vecadd-0.1.0.tar.gz), which is uploaded to the server first
     (WHEELHOUSE_SDIST_UPLOAD_MAX_MIB) and built from there.
 
-    Prints one line per Python version: the build id, its state and its page. A build that
+    Prints one line per Python version: the build id, its state and its page; a request split
+    into one job per GPU architecture (--split-archs, or the recipe's default) is followed by a
+    line per part. A build that
     already failed is not run again unless --retry is given: its reason is printed and the
     command exits 1.
     """
@@ -216,6 +221,8 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
                             "rerun_failed": retry}
     if source is not None:
         body["source"] = source
+    if split_archs is not None:
+        body["split_archs"] = split_archs
     status, payload = _call("POST", server.rstrip("/") + "/api/builds", api_token, body)
     if status >= 400:
         raise click.ClickException(f"{status}: {payload.get('error', payload)}")
@@ -231,6 +238,10 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
         else:
             what = ("created" if b.get("created") else "exists") + f", {b.get('state')}"
         click.echo(f"{b.get('id')}\tPython {b.get('python')}\t{what}\t{b.get('url')}")
+        for part in b.get("parts", []):  # a request split into one job per architecture
+            state = ("already built: " + part["wheel"]) if part.get("wheel") else \
+                ("created" if part.get("created") else "exists") + f", {part.get('state')}"
+            click.echo(f"  {part.get('id')}\tsm{part.get('arch')}\t{state}\t{part.get('url')}")
     if wait:
         _wait([b for b in builds if b["id"] not in ended], api_token, poll_seconds)
     if ended:
@@ -262,7 +273,14 @@ def _wait(builds: list[dict[str, Any]], api_token: str, poll_seconds: float) -> 
             del pending[job_id]
             line = f"{job_id}: {view.get('state')}"
             if view.get("state") == "built":
-                line += f"\n  {view.get('install')}"
+                installs = [p.get("install") for p in view["parts"]] if "parts" in view \
+                    else [view.get("install")]
+                line += "".join(f"\n  {i}" for i in installs)
+            elif "parts" in view:
+                failed = True
+                line += "".join(f"\n  sm{p.get('arch')} {p.get('state')}: "
+                                f"[{p.get('failure_kind')}] {p.get('reason')}"
+                                for p in view["parts"] if p.get("state") != "built")
             else:
                 failed = True
                 line += f" [{view.get('failure_kind')}] {view.get('reason')}"

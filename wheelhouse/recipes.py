@@ -67,6 +67,10 @@ class Recipe:
     """nvcc's ``--threads``: at most one per device target is ever busy (``threads_for``)."""
     ptx_target: bool = False
     """setup.py adds a PTX target (``code=compute_XX``) to the SASS ones: one more target."""
+    split_archs: bool = False
+    """A request for several architectures becomes one job per architecture by default
+    (``wheelhouse.fanout``), each publishing a single-arch wheel: for projects where each
+    architecture is a long build, so that a fleet builds them side by side."""
     env: Mapping[str, str] = field(default_factory=dict)
     patches: tuple[Patch, ...] = ()
     """Changes to the sdist, each scoped to project and torch versions."""
@@ -154,8 +158,8 @@ def parse_recipe(path: Path) -> Recipe:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise InvalidRecipe(f"{path}: {exc}") from None
     known = {"project", "description", "build_requires", "import_check", "load_check",
-             "relabel", "default_archs", "job_memory_gib", "nvcc_threads", "ptx_target", "env",
-             "patch"}
+             "relabel", "default_archs", "job_memory_gib", "nvcc_threads", "ptx_target",
+             "split_archs", "env", "patch"}
     unknown = set(data) - known
     if unknown:
         raise InvalidRecipe(f"{path}: unknown keys {sorted(unknown)}")
@@ -179,7 +183,8 @@ def parse_recipe(path: Path) -> Recipe:
         raise InvalidRecipe(f"{path}: nvcc_threads must be an integer from 1 to 64")
     relabel = data.get("relabel", True)
     ptx = data.get("ptx_target", False)
-    for key, value in (("relabel", relabel), ("ptx_target", ptx)):
+    split = data.get("split_archs", False)
+    for key, value in (("relabel", relabel), ("ptx_target", ptx), ("split_archs", split)):
         if not isinstance(value, bool):
             raise InvalidRecipe(f"{path}: {key} must be true or false")
     recipe_name = canonicalize_name(name) if name != GENERIC else GENERIC
@@ -194,6 +199,7 @@ def parse_recipe(path: Path) -> Recipe:
         job_memory_gib=float(memory),
         nvcc_threads=threads,
         ptx_target=ptx,
+        split_archs=split,
         env=dict(env),
         patches=parse_patches(data.get("patch"), recipe=recipe_name, recipe_path=path),
         path=path,

@@ -84,7 +84,7 @@ def test_a_published_wheel_is_linked_not_rebuilt(
     wheel = make_wheel(tmp_path / "w", "flash-attn", str(spec.wheel_version),
                        tag="cp311-cp311-linux_x86_64")
     publish(queue_app.extensions["wheelhouse"].storage, wheel, spec.variant)
-    body = {**GOOD, "archs": [], "python": ["3.11"]}
+    body = {**GOOD, "archs": [], "python": ["3.11"], "split_archs": False}
     resp = queue_client.post("/api/builds", json=body, headers=bearer(tok))
     assert resp.status_code == 200
     [b] = resp.json["builds"]

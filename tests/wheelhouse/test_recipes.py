@@ -36,6 +36,8 @@ def test_flash_attn_recipe_sets_what_its_setup_py_reads() -> None:
     fat = recipe.environment(Variant.of("2.8", "12.8"), max_jobs=1)
     assert fat["FLASH_ATTN_CUDA_ARCHS"] == "80;90;100;120" and fat["NVCC_THREADS"] == "4"
     assert fat["FLASH_ATTN_LOCAL_VERSION"] == "cu128torch2.8"
+    # Each arch is hours of nvcc: a request for several is one job per arch unless it says not.
+    assert recipe.split_archs and not load_recipe("some-other-ext").split_archs
 
 
 @pytest.mark.parametrize(("text", "archs", "targets", "threads"), [
@@ -168,6 +170,7 @@ def test_extra_dirs_override_builtin_recipes(tmp_path: Path) -> None:
         ('project = "x"\ndefault_archs = ["61"]\n', "unknown GPU architecture"),
         ('project = "x"\nnvcc_threads = 0\n', "nvcc_threads"),
         ('project = "x"\nptx_target = 1\n', "ptx_target must be true or false"),
+        ('project = "x"\nsplit_archs = "yes"\n', "split_archs must be true or false"),
         ('project = "x"\njob_memory_gib = -1\n', "job_memory_gib"),
         ('project = "x"\nbuild_requires = "ninja"\n', "list of strings"),
         ('project = "x"\n[env]\nA = 1\n', "map names to strings"),
