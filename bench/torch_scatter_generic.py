@@ -143,8 +143,8 @@ def main() -> int:
     ok = False
     if code == 0:
         catalog = Catalog(open_storage(config), 0)
-        records = list(catalog.all_records())
-        [record] = records
+        # The wheel as built; publishing also stored its variant form for /simple/.
+        [record] = [r for r in catalog.all_records() if r.variant_of is None]
         wheel = work / record.filename
         open_storage(config).download(record.wheel_key, wheel)
         ok, device_code = check_wheel(wheel, args.arch)
