@@ -1,6 +1,7 @@
 """torch-scatter built twice in one run, without and with its recipe's ninja patch.
 
     python bench/ninja_patch_bench.py [--arch sm80] [--workdir DIR] [--json out.json]
+                                      [--no-compile-cache]
 
 torch-scatter's ``setup.py`` turns ninja off, so torch compiles one object at a time whatever
 MAX_JOBS says; its recipe's ``ninja`` patch turns it back on (docs/recipes.md). This runs
@@ -36,12 +37,15 @@ def recipe_without_patches(directory: Path) -> Path:
     return directory
 
 
-def build(label: str, work: Path, arch: str, recipe_dir: Path | None) -> dict[str, Any]:
+def build(label: str, work: Path, arch: str, recipe_dir: Path | None,
+          cache: bool) -> dict[str, Any]:
     out = work / f"{label}.json"
     argv = [sys.executable, str(REPO / "bench" / "torch_scatter_generic.py"), "--arch", arch,
             "--workdir", str(work / label), "--json", str(out)]
     if recipe_dir is not None:
         argv += ["--recipe-dir", str(recipe_dir)]
+    if not cache:
+        argv.append("--no-compile-cache")
     load = os.getloadavg()[0]
     print(f"== {label}: load average {load:.1f}\n$ {' '.join(argv)}", flush=True)
     code = subprocess.run(argv, check=False).returncode
@@ -55,11 +59,15 @@ def main() -> int:
     parser.add_argument("--arch", default="sm80")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="both builds without the compile cache, so that only ninja differs")
     args = parser.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ninja-patch-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    before = build("without-ninja", work, args.arch, recipe_without_patches(work / "recipes"))
-    after = build("with-ninja", work, args.arch, None)
+    cache = not args.no_compile_cache
+    before = build("without-ninja", work, args.arch, recipe_without_patches(work / "recipes"),
+                   cache)
+    after = build("with-ninja", work, args.arch, None, cache)
     summary: dict[str, Any] = {"before": before, "after": after}
     if before.get("exit") == 0 and after.get("exit") == 0:
         summary["ratio"] = round(before["seconds"] / after["seconds"], 2)

@@ -13,7 +13,7 @@ libraries hold SASS for the arch, and reports wall time, the peak memory of the 
 tree (sampled every 0.5 s here, and as the build measured it) and what the record says.
 
     python bench/torch_scatter_generic.py [--arch sm80] [--workdir DIR] [--json out.json]
-                                          [--recipe-dir DIR]
+                                          [--recipe-dir DIR] [--no-compile-cache]
 
 Exit status 0 only when the build published a wheel whose CUDA kernel libraries hold SASS for
 that arch. ``--check WHEEL`` only checks a wheel built before.
@@ -102,6 +102,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--recipe-dir", type=Path,
                         help="a directory of recipes searched first (WHEELHOUSE_RECIPE_DIRS)")
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="build without the compile cache (WHEELHOUSE_COMPILE_CACHE=false)")
     parser.add_argument("--check", type=Path, metavar="WHEEL",
                         help="only check an already built wheel's device code")
     args = parser.parse_args()
@@ -114,7 +116,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     config = Config(storage=str(work / "data"), workspace=str(work / "work"),
                     torch_index_url="", torch_find_links=TORCH_FIND_LINKS,
-                    recipe_dirs=str(args.recipe_dir or ""))
+                    recipe_dirs=str(args.recipe_dir or ""),
+                    compile_cache=not args.no_compile_cache)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
     env.update(config.to_env())
     wheelhouse = shutil.which("wheelhouse") or "wheelhouse"

@@ -28,7 +28,18 @@ def make_app(redis_url: str, tmp_path: Path, **overrides: Any) -> Flask:
     config = Config(**(settings | overrides))
     app = create_app(config)
     app.testing = True
+    MADE.append(app)
     return app
+
+
+#: Every app :func:`make_app` made; ``tests/web/conftest.py`` closes their Redis connections
+#: after each test (:func:`close_made_apps`).
+MADE: list[Flask] = []
+
+
+def close_made_apps() -> None:
+    while MADE:
+        close_redis(MADE.pop())
 
 
 def close_redis(app: Flask) -> None:

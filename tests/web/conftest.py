@@ -12,7 +12,7 @@ from flask.testing import FlaskClient
 from redis import Redis
 
 from tests.helpers import free_port, make_wheel
-from tests.web.buildhelpers import advertise_worker, close_redis, make_app
+from tests.web.buildhelpers import advertise_worker, close_made_apps, close_redis, make_app
 from web import create_app
 from wheelhouse.catalog import Record
 from wheelhouse.config import Config
@@ -22,6 +22,15 @@ from wheelhouse.storage import LocalStorage, S3Storage, Storage, make_s3_client,
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"
+
+
+@pytest.fixture(autouse=True)
+def _apps_closed() -> Iterator[None]:
+    """An app a test made with ``make_app`` has its Redis connections closed when the test
+    ends, not whenever the garbage collector reaches the socket (a ResourceWarning, an error
+    here, in whichever later test or at the session's end)."""
+    yield
+    close_made_apps()
 
 
 @pytest.fixture
