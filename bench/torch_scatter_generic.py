@@ -146,8 +146,11 @@ def main() -> int:
     ok = False
     if code == 0:
         catalog = Catalog(open_storage(config), 0)
-        # The wheel as built; publishing also stored its variant form for /simple/.
-        [record] = [r for r in catalog.all_records() if r.variant_of is None]
+        # The wheel as built (publishing also stored its variant form for /simple/), for this
+        # Python: an earlier run in the same work directory may have built another.
+        tag = "-cp" + args.python.replace(".", "") + "-"
+        [record] = [r for r in catalog.all_records()
+                    if r.variant_of is None and tag in r.filename]
         wheel = work / record.filename
         open_storage(config).download(record.wheel_key, wheel)
         ok, device_code = check_wheel(wheel, args.arch)
