@@ -17,7 +17,7 @@ On one host the two workers share its cores; ``--pin`` gives each worker its own
 says how much one host gains from running the two architectures' compiles side by side.
 
     python bench/fanout_bench.py [--archs 80 90] [--pin] [--workdir DIR] [--json out.json]
-                                 [--sdist PATH]
+                                 [--sdist PATH | --kernels N]
 
 Uses every core of the machine for minutes; run it on an otherwise idle machine.
 """
@@ -90,11 +90,38 @@ def _process(argv: list[str], log: Path, env: dict[str, str]) -> Iterator[subpro
                 continue
 
 
-def _sdist(dest: Path) -> Path:
-    path = dest / "vecadd-0.1.0.tar.gz"
+def _sdist(dest: Path, kernels: int = 0) -> Path:
+    """The vecadd example as an sdist; with ``kernels``, vecadd 0.2.0: the example plus that
+    many generated kernel files (``bench/sccache_bench.py``'s templated kernel, 24
+    instantiations each), so that nvcc's time per architecture outweighs a job's fixed cost."""
+    if not kernels:
+        path = dest / "vecadd-0.1.0.tar.gz"
+        with tarfile.open(path, "w:gz") as tf:
+            tf.add(EXAMPLE, arcname="vecadd-0.1.0",
+                   filter=lambda i: None if "__pycache__" in i.name else i)
+        return path
+    from sccache_bench import KERNEL, SIZES, STRIDES  # only for --kernels
+
+    tree = dest / "vecadd-0.2.0"
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(EXAMPLE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    sources = ["csrc/bindings.cpp", "csrc/add.cu"]
+    for i in range(kernels):
+        lines = [f"template __global__ void fma_kernel_{i}<{n}, {m}>"
+                 "(const float*, const float*, float*, int64_t);"
+                 for n in SIZES for m in STRIDES]
+        (tree / "csrc" / f"k{i}.cu").write_text(KERNEL.format(i=i,
+                                                              instantiations="\n".join(lines)))
+        sources.append(f"csrc/k{i}.cu")
+    setup = (tree / "setup.py").read_text()
+    setup = setup.replace('version="0.1.0"', 'version="0.2.0"').replace(
+        '["csrc/bindings.cpp", "csrc/add.cu"]', repr(sources))
+    (tree / "setup.py").write_text(setup)
+    info = tree / "PKG-INFO"
+    info.write_text(info.read_text().replace("Version: 0.1.0", "Version: 0.2.0"))
+    path = dest / "vecadd-0.2.0.tar.gz"
     with tarfile.open(path, "w:gz") as tf:
-        tf.add(EXAMPLE, arcname="vecadd-0.1.0",
-               filter=lambda i: None if "__pycache__" in i.name else i)
+        tf.add(tree, arcname="vecadd-0.2.0")
     return path
 
 
@@ -152,6 +179,8 @@ def main() -> None:
     parser.add_argument("--sdist", type=Path, default=None,
                         help="another sdist to build (name-version.tar.gz); default: "
                              "examples/vecadd-0.1.0")
+    parser.add_argument("--kernels", type=int, default=0,
+                        help="build vecadd 0.2.0: the example plus N generated kernel files")
     args = parser.parse_args()
     for tool in ("redis-server", "nvcc", "bwrap", "wheelhouse"):
         if shutil.which(tool) is None:
@@ -192,7 +221,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 sys.exit(f"the workers did not come up; see {work}/worker-*.log")
             time.sleep(1)
-        sdist = args.sdist or _sdist(work)
+        sdist = args.sdist or _sdist(work, args.kernels)
         project, version = parse_sdist_filename(sdist.name)
         with sdist.open("rb") as f:
             put = requests.put(f"{url}/api/sources/{sdist.name}", data=f, headers=headers,
