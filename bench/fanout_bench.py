@@ -100,19 +100,12 @@ def _sdist(dest: Path, kernels: int = 0) -> Path:
             tf.add(EXAMPLE, arcname="vecadd-0.1.0",
                    filter=lambda i: None if "__pycache__" in i.name else i)
         return path
-    from sccache_bench import KERNEL, SIZES, STRIDES  # only for --kernels
+    from sccache_bench import write_kernels  # only for --kernels
 
     tree = dest / "vecadd-0.2.0"
     shutil.rmtree(tree, ignore_errors=True)
     shutil.copytree(EXAMPLE, tree, ignore=shutil.ignore_patterns("__pycache__"))
-    sources = ["csrc/bindings.cpp", "csrc/add.cu"]
-    for i in range(kernels):
-        lines = [f"template __global__ void fma_kernel_{i}<{n}, {m}>"
-                 "(const float*, const float*, float*, int64_t);"
-                 for n in SIZES for m in STRIDES]
-        (tree / "csrc" / f"k{i}.cu").write_text(KERNEL.format(i=i,
-                                                              instantiations="\n".join(lines)))
-        sources.append(f"csrc/k{i}.cu")
+    sources = ["csrc/bindings.cpp", "csrc/add.cu", *write_kernels(tree, kernels)]
     setup = (tree / "setup.py").read_text()
     setup = setup.replace('version="0.1.0"', 'version="0.2.0"').replace(
         '["csrc/bindings.cpp", "csrc/add.cu"]', repr(sources))

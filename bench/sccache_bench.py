@@ -71,17 +71,23 @@ setup(
 """
 
 
-def write_project(dest: Path, kernels: int) -> None:
-    shutil.copytree(CUDAEXT, dest, ignore=shutil.ignore_patterns("build", "*.egg-info", "dist",
-                                                                 "setup.py"))
-    sources = ["csrc/bindings.cpp", "csrc/add.cu", "csrc/scale.cu"]
+def write_kernels(project: Path, kernels: int) -> list[str]:
+    """``kernels`` generated files ``csrc/k<i>.cu`` in ``project``; their setup.py names."""
+    names = []
     for i in range(kernels):
         lines = [f"template __global__ void fma_kernel_{i}<{n}, {m}>"
                  "(const float*, const float*, float*, int64_t);"
                  for n in SIZES for m in STRIDES]
-        (dest / "csrc" / f"k{i}.cu").write_text(KERNEL.format(i=i,
-                                                              instantiations="\n".join(lines)))
-        sources.append(f"csrc/k{i}.cu")
+        (project / "csrc" / f"k{i}.cu").write_text(KERNEL.format(
+            i=i, instantiations="\n".join(lines)))
+        names.append(f"csrc/k{i}.cu")
+    return names
+
+
+def write_project(dest: Path, kernels: int) -> None:
+    shutil.copytree(CUDAEXT, dest, ignore=shutil.ignore_patterns("build", "*.egg-info", "dist",
+                                                                 "setup.py"))
+    sources = ["csrc/bindings.cpp", "csrc/add.cu", "csrc/scale.cu", *write_kernels(dest, kernels)]
     (dest / "setup.py").write_text(SETUP.format(sources=sources))
 
 

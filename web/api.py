@@ -21,7 +21,7 @@ from wheelhouse.fanout import cancel_request, is_request_id, load_request, reque
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.layout import source_key
 from wheelhouse.queue import cancel_build, get_build, log_since
-from wheelhouse.recipes import allowed_projects, check_allowed, load_recipe
+from wheelhouse.recipes import allowed_projects, check_allowed
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -98,7 +98,7 @@ def create_builds() -> Response:
             raise InvalidBuildSpec(f"no sdist {ref.filename} with sha256 {ref.sha256[:16]}… "
                                    "was uploaded here: PUT it to /api/sources/<filename> first")
     # Every spec of one request is of one project, so of one recipe (its split_archs default).
-    recipe = load_recipe(specs[0].project, svc.config.extra_recipe_dirs)
+    recipe = svc.recipe_for(specs[0].project)
     results = submit_request(_conn(), svc.catalog, specs, recipe, split=req.split_archs,
                              rerun_failed=rerun, torch=svc.torch)
     builds = []

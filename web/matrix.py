@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, tags_serve
 from wheelhouse.catalog import Catalog
 from wheelhouse.errors import InvalidVariant
-from wheelhouse.fanout import PartStatus, RequestStatus, recent_requests
+from wheelhouse.fanout import RequestStatus, part_status, recent_requests
 from wheelhouse.jobmeta import JobMeta
 from wheelhouse.queue import BuildState, all_build_jobs, state_of
 from wheelhouse.variants import Variant, parse_variant
@@ -200,12 +200,7 @@ def split_requests(catalog: Catalog, conn: Redis, jobs: list[Job], *,
         parts = []
         for part, spec in zip(request.parts, request.part_specs(), strict=True):
             state = states.get(part.job_id)
-            if state is not None:
-                parts.append(PartStatus(part.arch, part.job_id, state))
-                continue
-            record = catalog.published_for(spec)  # published before: no job was made
-            parts.append(PartStatus(part.arch, part.job_id,
-                                    BuildState.BUILT if record else BuildState.CANCELLED,
-                                    wheel=record.filename if record else None))
+            record = catalog.published_for(spec) if state is None else None  # no job was made
+            parts.append(part_status(part, state, record.filename if record else None))
         out.append(RequestStatus(request, tuple(parts)))
     return out

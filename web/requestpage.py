@@ -17,7 +17,7 @@ from web.signin import login_redirect, no_build_queue
 from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
 from wheelhouse.errors import TorchUnavailable, UnservableSpec
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
-from wheelhouse.recipes import allowed_projects, load_recipe
+from wheelhouse.recipes import allowed_projects
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("requestpage", __name__)
@@ -43,7 +43,7 @@ def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, A
     servable_cuda = sorted({c for c, _ in pairs})
     # The checkbox's default is the project's recipe's (the generic one's for any other name).
     split_default = bool(project and "project" not in errors and _valid_name(project)
-                         and load_recipe(project, svc.config.extra_recipe_dirs).split_archs)
+                         and svc.recipe_for(project).split_archs)
     return {
         "values": values, "errors": errors, "suggestions": suggestions, "project": project,
         "allowlist": bool(allowed_projects(svc.config)),
@@ -117,7 +117,7 @@ def request_submit() -> BaseResponse | tuple[str, int]:
     if not req.errors:
         assert svc.redis is not None  # require_scope checked it
         try:
-            recipe = load_recipe(req.specs[0].project, svc.config.extra_recipe_dirs)
+            recipe = svc.recipe_for(req.specs[0].project)
             submitted = submit_request(svc.redis, svc.catalog, req.specs, recipe,
                                        split=req.split_archs, rerun_failed=rerun,
                                        torch=svc.torch)

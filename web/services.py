@@ -7,6 +7,7 @@ with :func:`services`. Nothing else in ``web`` keeps state between requests.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -19,7 +20,7 @@ from web.readiness import Probe, Readiness
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
-from wheelhouse.recipes import recipe_projects
+from wheelhouse.recipes import GENERIC, Recipe, available_recipes, pick_recipe
 from wheelhouse.redisconn import queue_client
 from wheelhouse.storage import Storage, open_storage
 from wheelhouse.torchindex import TorchIndex
@@ -42,6 +43,9 @@ class Services:
     router: Router
     recipes: frozenset[str]
     """Projects with a recipe of their own, read once (every 404 and /matrix asks)."""
+    recipe_book: Mapping[str, Recipe]
+    """Every recipe by name, read once with ``recipes`` (the request form and the build API
+    take a project's ``split_archs`` default from it)."""
     redis: Redis | None
     """The build queue's Redis; None in index-only mode."""
     tokens: Tokens | None
@@ -57,6 +61,10 @@ class Services:
     torch: TorchIndex | None = None
     """The torch and CUDA check before a build queues; None when ``torch_check`` is off."""
 
+    def recipe_for(self, project: str) -> Recipe:
+        """``project``'s recipe, or the generic one (read at start-up, never per request)."""
+        return pick_recipe(self.recipe_book, project)
+
     @classmethod
     def create(cls, config: Config, storage: Storage | None = None) -> Services:
         store = storage if storage is not None else open_storage(config)
@@ -66,12 +74,14 @@ class Services:
             # must not hang or fail because the queue is down.
             redis_conn = queue_client(config)
         catalog = Catalog(store, config.catalog_refresh_seconds)
+        book = available_recipes(config.extra_recipe_dirs)
         return cls(
             config=config,
             storage=store,
             catalog=catalog,
             router=Router(config.upstream, config.upstream_routes),
-            recipes=frozenset(recipe_projects(config.extra_recipe_dirs)),
+            recipes=frozenset(n for n in book if n != GENERIC),
+            recipe_book=book,
             redis=redis_conn,
             tokens=Tokens(redis_conn) if redis_conn is not None else None,
             auth=AuthSettings.from_config(config),

@@ -172,7 +172,7 @@ class PartStatus:
 
     @property
     def finished(self) -> bool:
-        return self.state in (BuildState.BUILT, BuildState.FAILED, BuildState.CANCELLED)
+        return self.state.ended
 
 
 def request_state(states: Iterable[BuildState]) -> BuildState:
@@ -206,11 +206,14 @@ class RequestStatus:
         return all(p.finished for p in self.parts)
 
 
-def part_status(part: Part, build: BuildStatus | None, published: str | None) -> PartStatus:
-    """A part's status from its job (if any) and the wheel published for it (if any). A part
-    with neither was never queued or has expired: it shows as cancelled."""
-    if build is not None:
-        return PartStatus(part.arch, part.job_id, build.state, build, build.wheel or published)
+def part_status(part: Part, state: BuildState | None, published: str | None,
+                build: BuildStatus | None = None) -> PartStatus:
+    """A part's status from its job's state (if it has a job; ``build``: the job's status,
+    when read) and the wheel published for it (if any). A part with neither was never queued
+    or has expired: it shows as cancelled."""
+    if state is not None:
+        wheel = (build.wheel if build is not None else None) or published
+        return PartStatus(part.arch, part.job_id, state, build, wheel)
     if published is not None:
         return PartStatus(part.arch, part.job_id, BuildState.BUILT, None, published)
     return PartStatus(part.arch, part.job_id, BuildState.CANCELLED)
@@ -226,7 +229,8 @@ def request_status(conn: Redis, request: SplitRequest,
         if catalog is not None and (build is None or build.state is BuildState.BUILT):
             record = catalog.published_for(spec)
             published = record.filename if record is not None else None
-        parts.append(part_status(part, build, published))
+        parts.append(part_status(part, build.state if build is not None else None, published,
+                                 build))
     return RequestStatus(request, tuple(parts))
 
 

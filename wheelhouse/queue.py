@@ -56,6 +56,11 @@ class BuildState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    @property
+    def ended(self) -> bool:
+        """Built, failed or cancelled: nothing more will happen to the build."""
+        return self in (BuildState.BUILT, BuildState.FAILED, BuildState.CANCELLED)
+
 
 _STATES = {
     "queued": BuildState.QUEUED, "deferred": BuildState.QUEUED,
@@ -92,7 +97,7 @@ class BuildStatus:
 
     @property
     def finished(self) -> bool:
-        return self.state in (BuildState.BUILT, BuildState.FAILED, BuildState.CANCELLED)
+        return self.state.ended
 
     @property
     def max_jobs(self) -> int | None:

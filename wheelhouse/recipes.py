@@ -233,7 +233,11 @@ def available_recipes(extra_dirs: Iterable[Path | str] = ()) -> dict[str, Recipe
 
 def load_recipe(project: str, extra_dirs: Iterable[Path | str] = ()) -> Recipe:
     """The recipe for ``project``, or the generic one."""
-    recipes = available_recipes(extra_dirs)
+    return pick_recipe(available_recipes(extra_dirs), project)
+
+
+def pick_recipe(recipes: Mapping[str, Recipe], project: str) -> Recipe:
+    """``project``'s recipe among ``recipes`` (:func:`available_recipes`), or the generic one."""
     name = canonicalize_name(project)
     if name in recipes:
         return recipes[name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import stat
 import tarfile
@@ -13,7 +14,9 @@ import pytest
 
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
-from worker.sdist import SdistLimits, unpack
+from wheelhouse.layout import source_key
+from wheelhouse.storage import LocalStorage
+from worker.sdist import SdistLimits, fetch_stored_sdist, unpack
 
 MiB = 1 << 20
 SETUP = b"from setuptools import setup\nsetup()\n"
@@ -174,3 +177,32 @@ def test_a_plain_sdist_with_links_inside_its_tree_unpacks(tmp_path: Path, zipped
     assert (project / "setup.py").read_bytes() == SETUP
     if not zipped:
         assert (project / "alias.py").is_symlink()
+
+
+def test_an_uploaded_sdist_is_copied_out_of_storage_only_whole_and_as_uploaded(
+        tmp_path: Path) -> None:
+    """fetch_stored_sdist: the bytes whose sha256 the request names, or a one-line failure
+    that leaves no ``.part`` behind (a collected sdist, other bytes, one over the limit)."""
+    storage = LocalStorage(tmp_path / "data")
+    body = b"an sdist's bytes"
+    sha = hashlib.sha256(body).hexdigest()
+    dest = tmp_path / "sdist"
+    name = "demo-1.0.tar.gz"
+
+    with pytest.raises(BuildFailed) as gone:  # collected by `wheelhouse gc`, say
+        fetch_stored_sdist(storage, sha, name, dest)
+    assert gone.value.kind is FailureKind.INCOMPATIBLE
+    assert "is not in storage" in gone.value.reason and "upload it again" in gone.value.reason
+
+    storage.put_bytes(source_key(sha, name), b"other bytes")
+    with pytest.raises(BuildFailed) as other:
+        fetch_stored_sdist(storage, sha, name, dest)
+    assert other.value.kind is FailureKind.UNVERIFIED_SOURCE
+    assert list(dest.iterdir()) == []  # the .part went with the failure
+
+    storage.put_bytes(source_key(sha, name), body)
+    with pytest.raises(BuildFailed) as large:
+        fetch_stored_sdist(storage, sha, name, dest, max_bytes=4)
+    assert large.value.kind is FailureKind.TOO_LARGE
+    assert fetch_stored_sdist(storage, sha, name, dest).read_bytes() == body
+    assert [p.name for p in dest.iterdir()] == [name]
