@@ -21,6 +21,7 @@ wheel, ``wheelhouse.variantwheels``) both read wheels through this module.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import struct
@@ -116,14 +117,28 @@ def parse_fatbin(data: bytes) -> DeviceCode:
 def library_device_code(stream: IO[bytes]) -> DeviceCode:
     """The device code of one ELF shared library (a seekable binary stream).
 
-    Raises :class:`ValueError` when the bytes are no ELF file.
+    A section's bytes are read from the file by its offset and size, never through
+    pyelftools' ``data()``: for a ``SHT_NOBITS`` section that returns ``sh_size`` zero bytes
+    however small the file, so a 408-byte library could make the reader allocate gigabytes.
+    A fat binary section that is NOBITS, or that lies past the end of the file, holds no
+    device code and is refused (:class:`ValueError`), as are bytes that are no ELF file.
     """
+    size = stream.seek(0, os.SEEK_END)
+    stream.seek(0)
     try:
         elf = ELFFile(stream)
-        found = [parse_fatbin(section.data()) for section in elf.iter_sections()
-                 if section.name in FATBIN_SECTIONS]
+        sections = [(s.name, s["sh_type"], s["sh_offset"], s["sh_size"])
+                    for s in elf.iter_sections() if s.name in FATBIN_SECTIONS]
     except ELFError as exc:
         raise ValueError(f"not an ELF shared library: {exc}") from None
+    found = []
+    for name, kind, offset, length in sections:
+        if kind == "SHT_NOBITS":
+            raise ValueError(f"its {name} section holds no bytes in the file (NOBITS)")
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ValueError(f"its {name} section lies past the end of the file")
+        stream.seek(offset)
+        found.append(parse_fatbin(stream.read(length)))
     return DeviceCode(frozenset().union(*(d.sass for d in found)),
                       frozenset().union(*(d.ptx for d in found)))
 

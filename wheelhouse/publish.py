@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from wheelhouse import variantwheels
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.config import DEFAULT_PUBLISH_TIMEOUT
@@ -40,6 +42,7 @@ from wheelhouse.layout import (
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
 from wheelhouse.wheels import (
+    CoreMetadata,
     check_consistent,
     parse_metadata,
     parse_name,
@@ -163,25 +166,83 @@ def publish(
                 "publish with --relabel to rewrite it"
             )
         metadata = read_metadata(path)
-        record = Record(
-            filename=name.filename,
-            project=name.project,
-            version=str(name.version),
-            variant=variant,
-            archs=variant.archs or _known_archs(variant, archs),
-            sha256=sha256_file(path),
-            size=path.stat().st_size,
-            metadata_sha256=hashlib.sha256(metadata).hexdigest(),
-            requires_python=meta.requires_python,
-            upload_time=datetime.now(UTC).isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            build=build if build is not None else BuildFacts(),
-        )
+        record = _new_record(name.filename, path, metadata, meta, variant, archs, build)
         published = _write(storage, record, path, metadata, claim_timeout, by)
         if published is record:
             bump_generation(storage)
         if variant_form:
             publish_variant_form(storage, path, published, claim_timeout=claim_timeout, by=by)
+    return published
+
+
+def _new_record(filename: str, path: Path, metadata: bytes, meta: CoreMetadata,
+                variant: Variant, archs: tuple[str, ...] | None,
+                build: BuildFacts | None) -> Record:
+    name = parse_name(filename)
+    return Record(
+        filename=name.filename,
+        project=name.project,
+        version=str(name.version),
+        variant=variant,
+        archs=variant.archs or _known_archs(variant, archs),
+        sha256=sha256_file(path),
+        size=path.stat().st_size,
+        metadata_sha256=hashlib.sha256(metadata).hexdigest(),
+        requires_python=meta.requires_python,
+        upload_time=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        build=build if build is not None else BuildFacts(),
+    )
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A wheel whose bytes were parsed elsewhere (in the build's sandbox): the file, and its
+    METADATA as the check read it (what PEP 658 serves)."""
+
+    path: Path
+    metadata: bytes
+
+
+@dataclass(frozen=True)
+class CheckedVariant:
+    """The variant form the build's check made of a :class:`Checked` wheel."""
+
+    wheel: Checked
+    label: str
+    archs: tuple[str, ...]
+
+
+def publish_checked(storage: Storage, wheel: Checked, variant: Variant, *,
+                    archs: tuple[str, ...] | None = None, build: BuildFacts | None = None,
+                    claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT, by: str | None = None,
+                    variant_form: CheckedVariant | None = None) -> Record:
+    """:func:`publish` for a wheel the build's sandbox checked, without opening its zip here.
+
+    The worker never parses a build's wheel itself (docs/security.md): the record comes from the
+    file name, the METADATA the check handed back (parsed as headers; the caller caps its size)
+    and the bytes' sha256 and size. Name and METADATA must agree and carry ``variant``'s label.
+    ``variant_form``, where the check made one, is published after the wheel as
+    :func:`publish_variant_form` would, and its failures likewise never undo the wheel.
+    """
+    name = parse_name(wheel.path.name)
+    meta = parse_metadata(wheel.metadata)
+    if canonicalize_name(meta.name) != name.project or meta.version != name.version:
+        raise InvalidWheel(f"{name.filename}: its METADATA names {meta.name[:80]!r} "
+                           f"{meta.version}, not the file name's project and version")
+    if name.version.local != variant.local_label:
+        raise InvalidWheel(f"{name.filename}: version {name.version} does not carry the local "
+                           f"label +{variant.local_label} of variant {variant.key}")
+    record = _new_record(name.filename, wheel.path, wheel.metadata, meta, variant, archs, build)
+    published = _write(storage, record, wheel.path, wheel.metadata, claim_timeout, by)
+    if published is record:
+        bump_generation(storage)
+    if variant_form is not None:
+        try:
+            _publish_variant_file(storage, published, variant_form.wheel.path,
+                                  variant_form.wheel.metadata, variant_form.label,
+                                  variant_form.archs, claim_timeout=claim_timeout, by=by)
+        except (ValueError, OSError) as exc:  # InvalidWheel, StorageError (unavailable) too
+            log.warning("no variant form of %s: %s", published.filename, exc)
     return published
 
 
@@ -235,20 +296,28 @@ def publish_variant_form(storage: Storage, path: Path, source: Record, *,
         with tempfile.TemporaryDirectory(prefix="wheelhouse-variant-") as tmp:
             vpath, label = variantwheels.make_variant_wheel(path, source.variant, archs,
                                                             Path(tmp))
-            metadata = read_metadata(vpath)
-            meta = parse_metadata(metadata)
-            record = replace(
-                source, filename=vpath.name, version=str(meta.version), archs=archs,
-                sha256=sha256_file(vpath), size=vpath.stat().st_size,
-                metadata_sha256=hashlib.sha256(metadata).hexdigest(), yanked=False,
-                variant_label=label, variant_of=source.filename)
-            try:
-                published = _write(storage, record, vpath, metadata, claim_timeout, by)
-            except AlreadyPublished as exc:
-                log.info("variant form of %s left out: %s", source.filename, exc)
-                return None
+            return _publish_variant_file(storage, source, vpath, read_metadata(vpath), label,
+                                         archs, claim_timeout=claim_timeout, by=by)
     except (ValueError, OSError) as exc:  # InvalidWheel, StorageError (unavailable) too
         log.warning("no variant form of %s: %s", source.filename, exc)
+        return None
+
+
+def _publish_variant_file(storage: Storage, source: Record, vpath: Path, metadata: bytes,
+                          label: str, archs: tuple[str, ...], *, claim_timeout: float,
+                          by: str | None) -> Record | None:
+    """Publish the variant form at ``vpath`` of the published ``source``; None where a
+    variant wheel of that name made from another source stands."""
+    meta = parse_metadata(metadata)
+    record = replace(
+        source, filename=vpath.name, version=str(meta.version), archs=archs,
+        sha256=sha256_file(vpath), size=vpath.stat().st_size,
+        metadata_sha256=hashlib.sha256(metadata).hexdigest(), yanked=False,
+        variant_label=label, variant_of=source.filename)
+    try:
+        published = _write(storage, record, vpath, metadata, claim_timeout, by)
+    except AlreadyPublished as exc:
+        log.info("variant form of %s left out: %s", source.filename, exc)
         return None
     if published is record:
         bump_generation(storage)

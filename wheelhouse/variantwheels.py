@@ -133,17 +133,26 @@ def _pin_torch(metadata: bytes, requirement: str) -> bytes:
     return eol.join(kept) + (sep or eol + eol) + body
 
 
+def _variant_version(filename: str, variant: Variant) -> Version:
+    return Version(f"{parse_name(filename).version.public}+{torch_label(variant)}")
+
+
+def variant_filename(filename: str, variant: Variant, label: str) -> str:
+    """The variant form's file name of the wheel ``filename`` published into ``variant``:
+    ``flash_attn-2.8.3+pt214-cp311-cp311-linux_x86_64-cu13_sm90.whl``."""
+    parts = filename.removesuffix(".whl").split("-")
+    parts[1] = str(_variant_version(filename, variant))
+    return "-".join([*parts, label]) + ".whl"
+
+
 def make_variant_wheel(path: Path, variant: Variant, archs: Iterable[str],
                        dest_dir: Path) -> tuple[Path, str]:
     """Write the variant form of the wheel at ``path`` (published into ``variant``, holding SASS
     for ``archs``) into ``dest_dir``; return its path and label."""
-    name = parse_name(path.name)
     ordered = sass_archs(archs)
     label = label_for(variant.cuda, ordered)
-    version = Version(f"{name.version.public}+{torch_label(variant)}")
-    parts = path.name.removesuffix(".whl").split("-")
-    parts[1] = str(version)
-    filename = "-".join([*parts, label]) + ".whl"
+    version = _variant_version(path.name, variant)
+    filename = variant_filename(path.name, variant, label)
     own = variants_document({label: properties(variant.cuda, ordered)})
     dest = rewrite_wheel(path, dest_dir / filename, version,
                          edit_metadata=lambda data: _pin_torch(data, torch_requirement(variant)),

@@ -361,8 +361,10 @@ def _validate_contents(zf: zipfile.ZipFile, name: WheelName, max_unpacked: int) 
         if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
             what = "a symbolic link" if kind == stat.S_IFLNK else "a special file"
             raise InvalidWheel(f"{where}: member {info.filename[:120]!r} is {what}")
-    if sum(info.file_size for info in infos) > max_unpacked:
-        raise InvalidWheel(f"{where}: unpacks to more than {max_unpacked // 1024**3} GiB")
+    unpacked = sum(info.file_size for info in infos)
+    if unpacked > max_unpacked:
+        raise InvalidWheel(f"{where}: unpacks to {unpacked / 1024**2:,.0f} MiB, over the "
+                           f"{max_unpacked / 1024**2:,.0f} MiB allowed")
     try:
         info_dir = _dist_info_dir(zf)
     except InvalidWheel as exc:

@@ -7,13 +7,15 @@ This module is the spine: :func:`run_build` tells the build as its steps
 runs goes through :class:`worker.runner.Runner` (deadline, cancel, memory governor, disk cap,
 sandbox); what the build reports goes through one stream of events (:mod:`worker.events`).
 
-Who runs what: the worker, with its network and identity, fetches and unpacks the sdist and
-installs the build venv from wheels only (``--no-build``: no sdist is ever built out here). From
-then on everything that executes code the sdist wrote or chose (its build requirements' ``.pth``
-files run at every interpreter start) runs in the build sandbox (:mod:`worker.sandbox`): the
-torch check, the compile and the load check. After that the worker never runs the build venv's
-Python itself; what leaves is one wheel file, taken out by :func:`worker.sandbox.take_wheel` and
-checked by :func:`wheelhouse.wheels.validate_wheel`.
+Who runs what: the worker, with its network and identity, fetches the sdist (hashed,
+size-capped: opaque bytes) and installs the build venv from wheels only (``--no-build``: no sdist
+is ever built out here). Every parse of the attacker's bytes (unpacking the sdist, applying the
+recipe's patches, reading and rewriting the wheel, its ELF sections, installing it for the load
+check) runs in the build sandbox as the build's uid (:mod:`worker.untrusted`), and so does
+everything that executes code the sdist wrote or chose (its build requirements' ``.pth`` files
+run at every interpreter start): the torch check, the compile and the load check. What leaves a
+sandbox is a JSON report and files copied out by descriptor (:mod:`worker.safefs`), which the
+worker re-checks before publishing them (:mod:`worker.steps.checks`).
 """
 
 from __future__ import annotations
@@ -122,8 +124,8 @@ def _build(ctx: BuildContext, *, started: float, timeout: float, source: Path | 
             venv = create_venv(ctx, run, src.path)
             jobs = choose_max_jobs(ctx, max_jobs)
             wheel = compile_wheel(ctx, run, src.path, venv, toolkit, jobs)
-            wheel = check_wheel(ctx, run, wheel, venv, src.patches)
-            record = publish_wheel(ctx, wheel, seconds=time.monotonic() - started)
+            checked = check_wheel(ctx, run, wheel, venv, src.patches)
+            record = publish_wheel(ctx, checked, seconds=time.monotonic() - started)
     ctx.journal.measured(seconds=round(time.monotonic() - started, 1))
     store_log(ctx)
     return BuildResult(ctx.spec, record, max_jobs=jobs, log_key=log_key(ctx.spec),

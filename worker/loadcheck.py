@@ -94,7 +94,10 @@ class Report:
 # The script runs in the build's Python (any version from 3.9), so it uses nothing newer.
 SCRIPT = r"""
 import ctypes, importlib, json, subprocess, sys, sysconfig
-platlib = sysconfig.get_path("platlib")
+# The wheel's install tree (argv[2]) first on the path, else the venv's own platlib.
+platlib = sys.argv[2] if len(sys.argv) > 2 else sysconfig.get_path("platlib")
+if len(sys.argv) > 2:
+    sys.path.insert(0, platlib)
 
 def say(**fields):
     # A leading newline, in case a library printed half a line.
@@ -156,10 +159,11 @@ for index, (how, target) in enumerate(json.loads(sys.argv[1])):
 """
 
 
-def argv(python: Path | str, steps: Sequence[Step]) -> list[str]:
-    """The command that runs the check in ``python``'s environment."""
+def argv(python: Path | str, steps: Sequence[Step], *, site: Path | None = None) -> list[str]:
+    """The command that runs the check in ``python``'s environment (with the wheel installed
+    into ``site`` where given, ahead of the venv's own packages)."""
     payload = json.dumps([[s.how.value, s.target] for s in steps])
-    return [str(python), "-I", "-c", SCRIPT, payload]
+    return [str(python), "-I", "-c", SCRIPT, payload, *([str(site)] if site else [])]
 
 
 def _is_python_module(elf: ELFFile, archive_path: str) -> bool:

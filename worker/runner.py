@@ -11,15 +11,32 @@ happened comes back as a :class:`Ran`; a deadline or a cancel raises :class:`Bui
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import elftools
+import packaging
+
+import wheelhouse
+import worker
 from wheelhouse.buildfacts import Reaped
-from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, SandboxUnavailable
+from wheelhouse.errors import (
+    BuildFailed,
+    FailureKind,
+    InfrastructureError,
+    SandboxUnavailable,
+    UnsafePath,
+)
+from worker import safefs
+from worker.buildenv import sanitized_env
 from worker.failures import classify_install
 from worker.governor import MemoryGovernor
 from worker.reaper import BuildProcess, Outcome
@@ -28,6 +45,7 @@ from worker.sandbox import (
     Layout,
     Sandbox,
     TreeLimits,
+    python_prefix,
     startup_check,
     writable_place,
 )
@@ -137,6 +155,46 @@ class Runner:
         return self._supervise(wrapped, env=run_env, cwd=cwd, what=what, shown=shown,
                                uids=uids, quota=quota, governor_reserve=governor_reserve,
                                limits=TreeLimits.from_config(self.ctx.config))
+
+    def untrusted(self, request: Mapping[str, Any], *, what: str, failure: FailureKind,
+                  read_only: Iterable[Path] = (), writable: Iterable[Path] = ()
+                  ) -> dict[str, Any]:
+        """Run one operation of :mod:`worker.untrusted` (a parse of the build's hostile
+        bytes) in the sandbox, as the build's uid under its caps; return its report.
+
+        The report is read from ``<workspace>/inspect`` by descriptor and size-capped; it is
+        the caller's to check, field by field, before anything in it counts. A report that
+        says the operation failed becomes that :class:`BuildFailed` (its kind among the ones
+        an operation may name, its reason cleaned); no report at all is ``failure``.
+        """
+        inspect = self.ctx.workspace / "inspect"
+        safefs.discard_tree(inspect)  # an earlier operation's outputs: by descriptor
+        inspect.mkdir(parents=True)
+        argv = [sys.executable, "-I", "-B", "-c", _UNTRUSTED_BOOT, _code_root(),
+                json.dumps({**request, "report": str(inspect / _REPORT)})]
+        start = self.ctx.log.size()
+        ran = self.sandboxed(argv, env=sanitized_env(os.environ), cwd=self.ctx.workspace / "home",
+                             what=what, read_only=[*_worker_interpreter(), *read_only],
+                             writable=[inspect, *writable])
+        try:
+            text = safefs.read_text(inspect, _REPORT, max_bytes=MAX_REPORT_BYTES)
+            report = json.loads(text)
+        except (OSError, UnsafePath, ValueError):
+            report = None
+        if not isinstance(report, dict) or (ran.returncode != 0 and report.get("ok")):
+            lines = [ln for ln in self.ctx.log.since(start).splitlines() if ln.strip()]
+            last = clean_line(lines[-1]) if lines else ""
+            raise BuildFailed(failure, f"{what} failed in the sandbox (exit {ran.returncode})"
+                                       + (f": {last}" if last else ""))
+        if report.get("ok") is True:
+            return report
+        try:
+            kind = FailureKind(str(report.get("kind")))
+        except ValueError:
+            kind = failure
+        if kind not in _REPORTABLE:
+            kind = failure
+        raise BuildFailed(kind, clean_line(str(report.get("reason", ""))) or f"{what} failed")
 
     def install(self, argv: list[str], *, env: dict[str, str], what: str) -> None:
         """Run one of the worker's installers (uv) in the workspace, outside the sandbox.
@@ -254,6 +312,47 @@ class Runner:
         if unsatisfiable is not None:
             return unsatisfiable.error()
         return InfrastructureError(f"{what} failed (exit {ran.returncode}): {last[:300]}")
+
+
+#: Starts :mod:`worker.untrusted` in the worker's own interpreter inside the sandbox, with only
+#: the worker's package directories (mounted read-only at the same place) ahead on the path.
+_UNTRUSTED_BOOT = ("import sys; sys.path[:0] = [sys.argv[1]]; from worker.untrusted import main; "
+                   "sys.exit(main(sys.argv[2:]))")
+_REPORT = "report.json"
+MAX_REPORT_BYTES = 4 * 1024 * 1024
+"""Largest report an operation of :mod:`worker.untrusted` may leave."""
+#: What a report may say an operation failed as; anything else is the caller's ``failure``.
+_REPORTABLE = frozenset({FailureKind.UNSAFE_ARCHIVE, FailureKind.TOO_LARGE,
+                         FailureKind.INCOMPATIBLE, FailureKind.PATCH_FAILED,
+                         FailureKind.INVALID_WHEEL})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def clean_line(text: str, limit: int = 300) -> str:
+    """One line of what a sandboxed program said, fit for a build page: control characters
+    (terminal escapes among them) replaced, whitespace folded, capped."""
+    return " ".join(_CONTROL.sub(" ", text).split())[:limit]
+
+
+def _code_root() -> str:
+    """The directory the ``worker`` package lies in (the sandbox mounts the package only)."""
+    return str(Path(worker.__file__).resolve().parent.parent)
+
+
+def _worker_interpreter() -> list[Path]:
+    """What the worker's own Python needs mounted read-only to run :mod:`worker.untrusted`:
+    its installation and venv, the site directories of what that imports, and the
+    ``worker`` and ``wheelhouse`` package directories (not the tree around them)."""
+    exe = Path(sys.executable)
+    paths = [Path(sys.prefix), Path(sys.base_prefix), *([p] if (p := python_prefix(exe)) else [])]
+    for module in (packaging, elftools):
+        paths.append(Path(module.__file__ or "").resolve().parent.parent)
+    paths += [Path(worker.__file__).resolve().parent, Path(wheelhouse.__file__).resolve().parent]
+    out: list[Path] = []
+    for path in paths:
+        if path not in out and not any(path.is_relative_to(p) for p in out):
+            out = [p for p in out if not p.is_relative_to(path)] + [path]
+    return out
 
 
 def _waiter(ctx: BuildContext, deadline: float, what: str) -> Callable[[], None]:

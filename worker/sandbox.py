@@ -107,6 +107,8 @@ BUILD_WRITABLE: dict[str, str] = {
     "{build}/dist": "take_wheel: one regular file copied out by descriptor, size-capped",
     "{build}/sccache": "read_stats: stats.json read by descriptor, size-capped, never blocking",
     "{build}/load-check": "nothing; removed with the workspace, by descriptor",
+    "{build}/inspect": "Runner.untrusted: report.json read by descriptor, size-capped; the "
+                       "checked wheels and their METADATA copied out by descriptor, size-capped",
     "{source}": "nothing; removed by descriptor when the build ends",
     "{cache}/<project>/cu<cuda>": "pull creates fresh entries, push copies entries out, both "
                                   "by descriptor and of sccache's layout only",

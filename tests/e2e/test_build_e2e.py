@@ -269,9 +269,12 @@ class _StopWhenNvccRuns(Reporter):
         names = []
         for proc in _build_processes(self.build_id):
             try:
-                names.append(proc.name())
-                if proc.name() == "nvcc":
-                    self.nvcc_argv.append(proc.cmdline())
+                name, argv = proc.name(), proc.cmdline()
+                if name == "nvcc" and "-E" in argv:
+                    continue  # the compile cache asking nvcc what it is: no compile yet
+                names.append(name)
+                if name == "nvcc":
+                    self.nvcc_argv.append(argv)
             except psutil.Error:
                 continue
         compilers = [n for n in names if n in ("nvcc", "cicc", "cudafe++", "ptxas")]

@@ -635,7 +635,7 @@ def test_validate_wheel_refuses_tampered_wheels_in_one_line(
 def test_validate_wheel_refuses_a_zip_bomb_before_reading_it(tmp_path: Path) -> None:
     wheel = _tampered(tmp_path, lambda ms: [*ms, ("demo/zeros.bin", bytes(4 << 20), 0o644)])
     validate_wheel(wheel, "demo", Version("1.0"), _accepts_cp311)
-    with pytest.raises(InvalidWheel, match="unpacks to more than"):
+    with pytest.raises(InvalidWheel, match="MiB allowed"):
         validate_wheel(wheel, "demo", Version("1.0"), _accepts_cp311, max_unpacked_bytes=1 << 20)
 
 

@@ -32,8 +32,8 @@ from worker.reaper import BUILD_ID_ENV, build_id_base
 from worker.runner import UNSANDBOXED
 from worker.sandbox import Sandbox
 from worker.sdist import download_sdist, find_sdist, unpack
-from worker.steps.checks import extension_modules
 from worker.steps.publish import log_key
+from worker.untrusted import extension_modules
 
 FA = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.14", cuda="13.0")
 
@@ -336,10 +336,15 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
         assert all(line.split()[2] == "[sandbox]" for line in python_steps)
         uid = sandbox.uid if os.geteuid() == 0 else os.getuid()
         assert f"cext: building as uid {uid} with HOME={tmp_path / 'work'}/" in head
-    # The venv's Python never ran as the worker after the requirements went in: uv installed
-    # the wheel for the import check with the base interpreter.
-    install = next(line for line in ran if "--prefix" in line)
-    assert "/venv/bin/python" not in install
+    # Every parse of the sdist and the wheel ran in the sandbox (worker.untrusted): the unpack
+    # and the wheel's check, which also installed it for the load check; no installer of the
+    # worker's touched the wheel.
+    untrusted = [line for line in ran if "from worker.untrusted import main" in line]
+    where = "[sandbox]" if sandbox is not None else "[unsandboxed]"
+    assert [line.split()[2] for line in untrusted] == [where, where]
+    assert [json.loads(line[line.index(' {"'):])["op"] for line in untrusted] == [
+        "unpack", "wheel"]
+    assert not [line for line in ran if "--prefix" in line]
     # The build's workspace and its source are gone; the host's compile cache and the source
     # path's lock stay, and the worker's own directory (seccomp filter, build uids' locks).
     assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache", ".sandbox"}

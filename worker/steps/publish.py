@@ -3,15 +3,14 @@ what the build measured, and the build's log beside its record."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from wheelhouse import layout
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import AlreadyPublished, BuildFailed, FailureKind, InvalidWheel
 from wheelhouse.layout import Record
-from wheelhouse.publish import publish
+from wheelhouse.publish import publish_checked
 from wheelhouse.retry import LOG_UPLOAD
 from worker.failures import with_retries
+from worker.steps.checks import CheckedWheel
 from worker.steps.context import BuildContext
 
 
@@ -34,9 +33,10 @@ def already_published(ctx: BuildContext) -> Record | None:
     return ctx.retried("reading storage", look)
 
 
-def publish_wheel(ctx: BuildContext, wheel: Path, *, seconds: float) -> Record:
-    """Publish ``wheel`` with the build's facts (``seconds`` so far); a wheel of the same name
-    published meanwhile, by another build of this spec, is this build's result too."""
+def publish_wheel(ctx: BuildContext, checked: CheckedWheel, *, seconds: float) -> Record:
+    """Publish the checked wheel (and its variant form) with the build's facts (``seconds`` so
+    far), never opening its zip here; a wheel of the same name published meanwhile, by
+    another build of this spec, is this build's result too."""
     ctx.journal.phase("publish")
     ctx.journal.measured(seconds=round(seconds, 1), log_key=log_key(ctx.spec))
     facts = ctx.journal.facts
@@ -44,9 +44,10 @@ def publish_wheel(ctx: BuildContext, wheel: Path, *, seconds: float) -> Record:
 
     def attempt() -> Record:
         try:
-            return publish(ctx.storage, wheel, ctx.spec.variant, archs=archs, build=facts,
-                           claim_timeout=ctx.config.publish_timeout,
-                           by=f"build {facts.build_id}" if facts.build_id else None)
+            return publish_checked(ctx.storage, checked.wheel, ctx.spec.variant, archs=archs,
+                                   build=facts, claim_timeout=ctx.config.publish_timeout,
+                                   by=f"build {facts.build_id}" if facts.build_id else None,
+                                   variant_form=checked.variant)
         except AlreadyPublished:
             existing = already_published(ctx)
             if existing is None:

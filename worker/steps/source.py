@@ -1,5 +1,6 @@
 """The source step: the sdist fetched (hash verified) or given, unpacked within limits at this
-host's one path for the project version, under a lock, with the recipe's patches applied."""
+host's one path for the project version, under a lock, with the recipe's patches applied; the
+unpack and the patches run in the sandbox (:mod:`worker.untrusted`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from wheelhouse.buildfacts import AppliedPatch
-from wheelhouse.errors import BuildFailed, FailureKind
-from wheelhouse.patches import apply_patches
+from wheelhouse.errors import BuildFailed, FailureKind, UnsafePath
+from wheelhouse.patches import Patch
 from worker import safefs
 from worker.runner import Runner
-from worker.sdist import SdistLimits, download_sdist, fetch_stored_sdist, find_sdist, unpack
+from worker.sdist import SdistLimits, download_sdist, fetch_stored_sdist, find_sdist
 from worker.steps.context import BuildContext
+from worker.untrusted import patch_to_dict
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,7 @@ def unpacked(ctx: BuildContext, run: Runner, given: Path | None) -> Iterator[Sou
     lock = _lock(ctx, run)
     try:
         safefs.discard_tree(ctx.source_root)  # a crashed build's leftovers, by descriptor
-        src = unpack(sdist, ctx.source_root, limits=limits)
-        yield Source(src, _patch(ctx, src))
+        yield _unpack(ctx, run, sdist, limits)
     finally:
         if not ctx.keep_workspace:
             safefs.discard_tree(ctx.source_root)  # the build wrote it: by descriptor
@@ -120,16 +121,81 @@ def _lock(ctx: BuildContext, run: Runner) -> int:
     return fd
 
 
-def _patch(ctx: BuildContext, src: Path) -> tuple[AppliedPatch, ...]:
-    """Apply the recipe's patches for this version and torch; record what was applied."""
-    try:
-        version = Version(ctx.spec.version)
-    except InvalidVersion:
-        ctx.journal.measured(patches=())
-        return ()
-    # Before the venv, the variant's torch (``2.14``) stands for the installed one.
-    applied = tuple(apply_patches(ctx.recipe.patches_for(version, Version(ctx.spec.torch)), src))
+def _unpack(ctx: BuildContext, run: Runner, sdist: Path, limits: SdistLimits) -> Source:
+    """Unpack the sdist and apply the recipe's patches in the sandbox, as the build's uid
+    (:mod:`worker.untrusted`): the archive is the attacker's, and only the build's own places
+    are writable there. The report names the project directory, which is checked here to be
+    one real directory right below the source path."""
+    patches = _patches(ctx)
+    root = ctx.source_root
+    if sdist.is_dir():
+        inputs = sdist.resolve()  # a local project directory (`wheelhouse build DIR`)
+    else:
+        inputs = ctx.workspace / "sdist"  # the worker's copy, whatever was given
+        if sdist.parent.resolve() != inputs:
+            _copy_in(sdist, inputs, limits)
+        sdist = inputs / sdist.name
+    report = run.untrusted(
+        {"op": "unpack", "sdist": str(sdist), "dest": str(root),
+         "limits": limits.to_dict(), "patches": [patch_to_dict(p) for p in patches]},
+        what="unpacking the sdist", failure=FailureKind.UNSAFE_ARCHIVE,
+        read_only=[inputs], writable=[root])
+    project = report.get("project")
+    if not isinstance(project, str) or "/" in project or project in (".", "..") or (
+            project.startswith(".")):
+        raise BuildFailed(FailureKind.UNSAFE_ARCHIVE,
+                          f"unpacking {sdist.name} reported no project directory")
+    src = root
+    if project:
+        try:
+            _is_directory(root, project)
+        except (OSError, UnsafePath) as exc:
+            raise BuildFailed(FailureKind.UNSAFE_ARCHIVE,
+                              f"{sdist.name}: {project[:100]!r} is no directory: {exc}") from None
+        src = root / project
+    applied = tuple(AppliedPatch(recipe=p.recipe, id=p.id, description=p.description,
+                                 sha256=p.sha256) for p in patches)
+    if report.get("applied") != [p.sha256 for p in applied]:
+        raise BuildFailed(FailureKind.PATCH_FAILED,
+                          "the recipe's patches were not all applied to the sdist")
     for patch in applied:
         ctx.say(f"patch {patch.ref} applied: {patch.description}")
     ctx.journal.measured(patches=applied)
-    return applied
+    return Source(src, applied)
+
+
+def _is_directory(root: Path, name: str) -> None:
+    """``root/name`` is a real directory (no link on the way); raise otherwise."""
+    dirfd = safefs.open_dir(root)
+    try:
+        os.close(safefs.open_subdir(dirfd, name))
+    finally:
+        os.close(dirfd)
+
+
+def _patches(ctx: BuildContext) -> tuple[Patch, ...]:
+    """The recipe's patches for this version and torch."""
+    try:
+        version = Version(ctx.spec.version)
+    except InvalidVersion:
+        return ()
+    # Before the venv, the variant's torch (``2.14``) stands for the installed one.
+    return tuple(ctx.recipe.patches_for(version, Version(ctx.spec.torch)))
+
+
+def _copy_in(sdist: Path, inputs: Path, limits: SdistLimits) -> None:
+    """A given sdist file into the build's inputs, as opaque bytes within the size cap."""
+    inputs.mkdir(parents=True, exist_ok=True)
+    try:
+        dirfd = safefs.open_dir(sdist.parent)
+    except (OSError, UnsafePath) as exc:
+        raise BuildFailed(FailureKind.INCOMPATIBLE, f"{sdist}: {exc}") from None
+    try:
+        safefs.copy_out(dirfd, sdist.name, inputs / sdist.name, max_bytes=limits.max_bytes)
+    except UnsafePath as exc:
+        kind = FailureKind.TOO_LARGE if " over the " in str(exc) else FailureKind.INCOMPATIBLE
+        raise BuildFailed(kind, f"{sdist.name}: {exc}") from None
+    except FileNotFoundError:
+        raise BuildFailed(FailureKind.INCOMPATIBLE, f"{sdist} does not exist") from None
+    finally:
+        os.close(dirfd)
