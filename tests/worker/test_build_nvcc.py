@@ -87,6 +87,10 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
     assert learned_per_thread(storage, "cudaext", "13.0", nvcc_threads=1, archs=1) is not None
     assert build.device_code is not None and build.sass_archs == ["80"]
     assert build.patches == ()  # the fixture's recipe has none
+    # Its variant form (made in the sandbox by worker.untrusted) was published beside it.
+    forms = [o.key.rsplit("/", 1)[1] for o in storage.list("records/torch2.14-cu130/cudaext/")
+             if o.key != f"records/torch2.14-cu130/cudaext/{record.filename}.json"]
+    assert forms == ["cudaext-0.1.0+pt214-cp311-cp311-linux_x86_64-cu130sm80.whl.json"], forms
     # The compile went through this build's sccache server, which counted every compile.
     assert build.compile_cache is not None
     assert build.compile_cache.misses >= 3 and build.compile_cache.errors == 0

@@ -113,12 +113,16 @@ def _take(ctx: BuildContext, report: Mapping[str, Any], out: Path) -> Checked:
 
 
 def _copy_out(ctx: BuildContext, where: Path, wheel: object, metadata: object,
-              dest: Path) -> Checked:
+              dest: Path, *, variant_form: bool = False) -> Checked:
+    """Copy a wheel the check left in ``where`` and read its METADATA, by descriptor and
+    size-capped. The name must be a wheel's; a variant form's (a label after the tags, no
+    wheel file name to ``packaging``) is the caller's, compared with the one it expects."""
     if not isinstance(wheel, str) or not isinstance(metadata, str) or (
             metadata != wheel + ".metadata"):
         raise BuildFailed(FailureKind.INVALID_WHEEL, "the wheel's check named no wheel")
     try:
-        parse_name(wheel)
+        if not variant_form:
+            parse_name(wheel)
         dirfd = safefs.open_dir(where)
     except (InvalidWheel, OSError, UnsafePath) as exc:
         raise BuildFailed(FailureKind.INVALID_WHEEL, f"the wheel's check: {exc}") from None
@@ -148,7 +152,7 @@ def _with_variant(ctx: BuildContext, report: Mapping[str, Any], out: Path,
                 made.get("label") != label):
             raise BuildFailed(FailureKind.INVALID_WHEEL, f"it made no {expected}")
         variant = _copy_out(ctx, out / "variant", made.get("wheel"), made.get("metadata"),
-                            ctx.workspace / "checked-variant")
+                            ctx.workspace / "checked-variant", variant_form=True)
     except BuildFailed as exc:
         # The variant form is an extra: without it the wheel still publishes, and
         # `wheelhouse variants backfill` can make it later.
