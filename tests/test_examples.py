@@ -9,7 +9,7 @@ from pathlib import Path
 
 from wheelhouse.config import Config
 from worker.cli import parse_target
-from worker.sdist import SdistLimits, unpack
+from worker.untrusted import SdistLimits, unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "examples" / "README.md"

@@ -86,6 +86,11 @@ class Patch:
         )
         return hashlib.sha256(canonical.encode()).hexdigest()
 
+    def applied(self) -> AppliedPatch:
+        """What the build record and METADATA say of this patch once it applied."""
+        return AppliedPatch(recipe=self.recipe, id=self.id, description=self.description,
+                            sha256=self.sha256)
+
     def applies_to(self, version: Version, torch: Version) -> bool:
         """Whether this patch is for ``version`` of the project built against ``torch``.
 
@@ -289,8 +294,7 @@ def apply_patches(patches: Sequence[Patch], source_dir: Path) -> list[AppliedPat
             _apply_diff(patch, source_dir)
         else:
             _apply_replacements(patch, source_dir)
-        applied.append(AppliedPatch(recipe=patch.recipe, id=patch.id,
-                                    description=patch.description, sha256=patch.sha256))
+        applied.append(patch.applied())
     return applied
 
 

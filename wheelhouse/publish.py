@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from packaging.utils import canonicalize_name
-
 from wheelhouse import variantwheels
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.config import DEFAULT_PUBLISH_TIMEOUT
@@ -43,7 +41,9 @@ from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
 from wheelhouse.wheels import (
     CoreMetadata,
+    WheelName,
     check_consistent,
+    consistent_metadata,
     parse_metadata,
     parse_name,
     read_metadata,
@@ -156,15 +156,7 @@ def publish(
             path = relabel(path, variant.local_label, Path(tmp))
             name = parse_name(path.name)
         meta = check_consistent(path, name)
-        label = name.version.local
-        if label != variant.local_label:
-            named = variant_from_label(label) if label else None
-            hint = f" (it is labelled for {named.key})" if named else ""
-            raise InvalidWheel(
-                f"{name.filename}: version {name.version} does not carry the local label "
-                f"+{variant.local_label} of variant {variant.key}{hint}; "
-                "publish with --relabel to rewrite it"
-            )
+        _check_label(name, variant, "; publish with --relabel to rewrite it")
         metadata = read_metadata(path)
         record = _new_record(name.filename, path, metadata, meta, variant, archs, build)
         published = _write(storage, record, path, metadata, claim_timeout, by)
@@ -173,6 +165,17 @@ def publish(
         if variant_form:
             publish_variant_form(storage, path, published, claim_timeout=claim_timeout, by=by)
     return published
+
+
+def _check_label(name: WheelName, variant: Variant, advice: str = "") -> None:
+    """Refuse a wheel whose version does not carry ``variant``'s local label."""
+    label = name.version.local
+    if label != variant.local_label:
+        named = variant_from_label(label) if label else None
+        hint = f" (it is labelled for {named.key})" if named else ""
+        raise InvalidWheel(
+            f"{name.filename}: version {name.version} does not carry the local label "
+            f"+{variant.local_label} of variant {variant.key}{hint}{advice}")
 
 
 def _new_record(filename: str, path: Path, metadata: bytes, meta: CoreMetadata,
@@ -225,13 +228,8 @@ def publish_checked(storage: Storage, wheel: Checked, variant: Variant, *,
     :func:`publish_variant_form` would, and its failures likewise never undo the wheel.
     """
     name = parse_name(wheel.path.name)
-    meta = parse_metadata(wheel.metadata)
-    if canonicalize_name(meta.name) != name.project or meta.version != name.version:
-        raise InvalidWheel(f"{name.filename}: its METADATA names {meta.name[:80]!r} "
-                           f"{meta.version}, not the file name's project and version")
-    if name.version.local != variant.local_label:
-        raise InvalidWheel(f"{name.filename}: version {name.version} does not carry the local "
-                           f"label +{variant.local_label} of variant {variant.key}")
+    meta = consistent_metadata(wheel.metadata, name)
+    _check_label(name, variant)
     record = _new_record(name.filename, wheel.path, wheel.metadata, meta, variant, archs, build)
     published = _write(storage, record, wheel.path, wheel.metadata, claim_timeout, by)
     if published is record:

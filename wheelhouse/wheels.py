@@ -144,7 +144,12 @@ def check_consistent(path: Path, name: WheelName) -> CoreMetadata:
     pip rejects such wheels ("inconsistent version"), which is exactly the defect of the
     upstream flash-attn release wheels that get their label added by ``sed`` after the build.
     """
-    meta = parse_metadata(read_metadata(path))
+    return consistent_metadata(read_metadata(path), name)
+
+
+def consistent_metadata(metadata: bytes, name: WheelName) -> CoreMetadata:
+    """:func:`check_consistent` for METADATA already read (by a check that ran elsewhere)."""
+    meta = parse_metadata(metadata)
     if canonicalize_name(meta.name) != name.project:
         raise InvalidWheel(
             f"{name.filename}: METADATA names project {meta.name!r}, the file name {name.project!r}"

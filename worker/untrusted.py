@@ -39,7 +39,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +220,7 @@ def _unsafe_member(archive: str, exc: tarfile.FilterError) -> str:
 def patch_to_dict(patch: Patch) -> dict[str, Any]:
     """A recipe patch as the unpack request carries it (what applying it needs)."""
     return {"recipe": patch.recipe, "id": patch.id, "description": patch.description,
-            "replacements": [{"file": r.file, "old": r.old, "new": r.new, "count": r.count}
-                             for r in patch.replacements],
+            "replacements": [asdict(r) for r in patch.replacements],
             "diff": base64.b64encode(patch.diff).decode(), "diff_name": patch.diff_name}
 
 

@@ -31,9 +31,9 @@ from worker.failures import classify_log, with_retries
 from worker.reaper import BUILD_ID_ENV, build_id_base
 from worker.runner import UNSANDBOXED
 from worker.sandbox import Sandbox
-from worker.sdist import download_sdist, find_sdist, unpack
+from worker.sdist import download_sdist, find_sdist
 from worker.steps.publish import log_key
-from worker.untrusted import extension_modules
+from worker.untrusted import extension_modules, unpack
 
 FA = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.14", cuda="13.0")
 

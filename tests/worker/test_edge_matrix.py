@@ -57,10 +57,9 @@ TARGETS = {
     "{cache}/<project>/cu<cuda>": "entry",
 }
 #: Written only by :mod:`worker.untrusted` (the worker's own code, on the build's bytes) after
-#: every step that runs the build's code has ended; no step of the build holds it. The worker
-#: reads it through worker.safefs (a link or a FIFO as the report, the wheel or its METADATA is
-#: refused: tests/worker/test_safefs.py); the bytes parsed there are attacked in
-#: tests/worker/test_untrusted.py.
+#: every step that runs the build's code has ended; no step of the build holds it. What a
+#: parser that fell to the build's bytes could leave there (a link, a FIFO or a file past the
+#: cap as the report, the wheel or its METADATA) is attacked in tests/worker/test_untrusted.py.
 UNTRUSTED_ONLY = {"{build}/inspect"}
 ALL = sorted(TARGETS.values())
 BUT_THE_WHEEL = [t for t in ALL if t != "wheel"]

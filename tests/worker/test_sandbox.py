@@ -41,7 +41,7 @@ from worker.sandbox import (
     startup_check,
     take_wheel,
 )
-from worker.sdist import unpack
+from worker.untrusted import unpack
 
 HOSTILE_SCRIPTS = Path(__file__).resolve().parent / "hostile"
 IS_ROOT = os.geteuid() == 0

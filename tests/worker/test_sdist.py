@@ -16,7 +16,8 @@ from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.layout import source_key
 from wheelhouse.storage import LocalStorage
-from worker.sdist import SdistLimits, fetch_stored_sdist, unpack
+from worker.sdist import SdistLimits, fetch_stored_sdist
+from worker.untrusted import unpack
 
 MiB = 1 << 20
 SETUP = b"from setuptools import setup\nsetup()\n"

@@ -5,9 +5,9 @@ sandbox, through the real pipeline (:func:`worker.build.run_build`, real bubblew
 Each attack is one that broke the worker when it parsed these bytes as root: a tar that escapes
 CPython's ``data`` filter (CVE-2025-4517, on the Pythons before 3.11.13/3.12.11/3.13.4), an ELF
 whose fat binary sections declare a GiB each as ``SHT_NOBITS`` in a 408-byte file, and a wheel
-with a GiB of zeros behind a correct RECORD. What the worker takes from ``{build}/inspect``
-afterwards it reads through :mod:`worker.safefs` (links, FIFOs and oversized files refused:
-tests/worker/test_safefs.py).
+with a GiB of zeros behind a correct RECORD. And should a parser fall to the bytes it reads,
+what it leaves in ``{build}/inspect`` (a link to the worker's secret, a FIFO, a file past the
+cap, as the report, the wheel or its METADATA) is refused by the worker reading it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import struct
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -33,6 +35,7 @@ from wheelhouse.devicecode import FATBIN_SECTIONS, library_device_code
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.fleet import ToolkitInfo
 from wheelhouse.storage import open_storage
+from worker import runner as runner_module
 from worker.build import run_build
 from worker.steps.publish import log_key
 
@@ -202,3 +205,80 @@ def test_a_zip_bomb_wheel_is_refused_in_the_sandbox_and_leaves_nothing_on_the_ho
 def _is_big(path: Path) -> bool:
     st = path.lstat()
     return stat.S_ISREG(st.st_mode) and st.st_blocks * 512 > 64 * 1024 * 1024
+
+
+#: worker.untrusted as a parser that fell to the bytes it read would run: the real operation,
+#: then ``target`` (the report, or the wheel or METADATA it names) replaced by ``attack``.
+_FALLEN = """
+import json, os, sys
+sys.path[:0] = [sys.argv[1]]
+from worker.untrusted import main
+rc = main(sys.argv[2:])
+request = json.loads(sys.argv[2])
+op, target, attack, secret = {op!r}, {target!r}, {attack!r}, {secret!r}
+if request["op"] == op:
+    path = request["report"]
+    if target != "report":
+        with open(path) as f:
+            path = os.path.join(request["out"], "wheel", json.load(f)[target])
+    os.unlink(path)
+    if attack == "link":
+        os.symlink(secret, path)
+    elif attack == "fifo":
+        os.mkfifo(path)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(64 * 1024 * 1024)
+sys.exit(rc)
+"""
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize(("op", "target", "attack", "kind"), [
+    ("unpack", "report", "link", FailureKind.UNSAFE_ARCHIVE),
+    ("unpack", "report", "fifo", FailureKind.UNSAFE_ARCHIVE),
+    ("unpack", "report", "big", FailureKind.UNSAFE_ARCHIVE),
+    ("wheel", "wheel", "link", FailureKind.UNSAFE_RESULT),
+    ("wheel", "wheel", "fifo", FailureKind.UNSAFE_RESULT),
+    ("wheel", "metadata", "link", FailureKind.UNSAFE_RESULT),
+    ("wheel", "metadata", "fifo", FailureKind.UNSAFE_RESULT),
+    ("wheel", "metadata", "big", FailureKind.UNSAFE_RESULT),
+])
+def test_what_a_fallen_parser_leaves_in_inspect_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, op: str, target: str, attack: str,
+    kind: FailureKind,
+) -> None:
+    """The worker reads ``{build}/inspect`` by descriptor, regular files only, capped and
+    never blocking: a link is not followed to the worker's root-only secret, a FIFO does not
+    hang it, a file past the cap is not read; the build fails classified, publishing nothing."""
+    canary = f"canary-inspect-{os.getpid()}-{time.time_ns()}"
+    secret = tmp_path / "worker-secret"
+    secret.write_text(canary)
+    secret.chmod(0o600)
+    monkeypatch.setattr(runner_module, "_UNTRUSTED_BOOT", _FALLEN.format(
+        op=op, target=target, attack=attack, secret=str(secret)))
+    config = build_config(tmp_path)
+    storage = open_storage(config)
+    src = tmp_path / "cext-src"
+    shutil.copytree(FIXTURES / "cext", src)
+    sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
+    ended: list[BaseException | None] = []
+
+    def build() -> None:
+        try:
+            run_build(CEXT, config=config, storage=storage, source=sdist, timeout=300,
+                      toolkits=[_toolkit(tmp_path)], max_jobs=1)
+            ended.append(None)
+        except BaseException as exc:  # handed to the test's thread
+            ended.append(exc)
+
+    thread = threading.Thread(target=build, daemon=True)
+    thread.start()
+    thread.join(timeout=240)
+    assert ended, "the worker hung on what the parser left"
+    failed = ended[0]
+    assert isinstance(failed, BuildFailed), failed
+    assert failed.kind is kind, failed
+    assert canary not in failed.reason
+    assert canary not in storage.get_bytes(log_key(CEXT)).decode()
+    assert not list(storage.list("wheels/"))

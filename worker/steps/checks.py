@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from wheelhouse.buildfacts import AppliedPatch
 from wheelhouse.errors import BuildFailed, FailureKind, InvalidWheel, UnsafePath
 from wheelhouse.publish import Checked, CheckedVariant
 from wheelhouse.variantwheels import label_for, sass_archs, variant_filename
-from wheelhouse.wheels import MAX_UNPACKED_BYTES, parse_metadata, parse_name
+from wheelhouse.wheels import MAX_UNPACKED_BYTES, consistent_metadata, parse_name
 from worker import devicecode, loadcheck, safefs
 from worker.buildenv import sanitized_env
 from worker.runner import Runner
@@ -61,8 +61,7 @@ def check_wheel(ctx: BuildContext, run: Runner, wheel: Path, venv: BuildVenv,
          "project": spec.project, "version": str(spec.wheel_version),
          "python": spec.python, "machine": spec.machine,
          "relabel": recipe.relabel, "label": spec.variant.local_label,
-         "patches": [{"recipe": p.recipe, "id": p.id, "description": p.description,
-                      "sha256": p.sha256} for p in patches],
+         "patches": [asdict(p) for p in patches],
          "load_check": list(recipe.load_check), "variant": spec.variant.key,
          "variant_form": True, "max_unpacked_bytes": _unpacked_cap(ctx)},
         what="checking the wheel", failure=FailureKind.INVALID_WHEEL,
@@ -101,11 +100,11 @@ def _take(ctx: BuildContext, report: Mapping[str, Any], out: Path) -> Checked:
                         ctx.workspace / "checked")
     try:
         name = parse_name(checked.path.name)
-        meta = parse_metadata(checked.metadata)
+        consistent_metadata(checked.metadata, name)
     except InvalidWheel as exc:
         raise BuildFailed(FailureKind.INVALID_WHEEL, str(exc)) from None
     if (name.project != spec.project or name.version != spec.wheel_version
-            or not spec.tags_match(name.tags) or meta.version != name.version):
+            or not spec.tags_match(name.tags)):
         raise BuildFailed(FailureKind.INVALID_WHEEL,
                           f"the check gave back {checked.path.name[:120]!r}, not a wheel of "
                           f"{spec.project} {spec.wheel_version} for this Python")

@@ -153,8 +153,7 @@ def _unpack(ctx: BuildContext, run: Runner, sdist: Path, limits: SdistLimits) ->
             raise BuildFailed(FailureKind.UNSAFE_ARCHIVE,
                               f"{sdist.name}: {project[:100]!r} is no directory: {exc}") from None
         src = root / project
-    applied = tuple(AppliedPatch(recipe=p.recipe, id=p.id, description=p.description,
-                                 sha256=p.sha256) for p in patches)
+    applied = tuple(p.applied() for p in patches)
     if report.get("applied") != [p.sha256 for p in applied]:
         raise BuildFailed(FailureKind.PATCH_FAILED,
                           "the recipe's patches were not all applied to the sdist")
