@@ -20,8 +20,10 @@ from wheelhouse.errors import InvalidBuildSpec, UploadTooLarge
 from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.layout import source_key
+from wheelhouse.ownership import Publisher, admit_source
 from wheelhouse.queue import cancel_build, get_build, log_since
 from wheelhouse.recipes import allowed_projects, check_allowed
+from wheelhouse.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -97,6 +99,9 @@ def create_builds() -> Response:
         if not svc.storage.exists(source_key(ref.sha256, ref.filename)):
             raise InvalidBuildSpec(f"no sdist {ref.filename} with sha256 {ref.sha256[:16]}… "
                                    "was uploaded here: PUT it to /api/sources/<filename> first")
+        # Asked again here: a stored sdist may be named by another token than its uploader's.
+        admit_source(svc.storage, svc.config, ref.filename, ref.sha256, _publisher(info),
+                     recipe=specs[0].project in svc.recipes)
     # Every spec of one request is of one project, so of one recipe (its split_archs default).
     recipe = svc.recipe_for(specs[0].project)
     results = submit_request(_conn(), svc.catalog, specs, recipe, split=req.split_archs,
@@ -153,6 +158,8 @@ def upload_source(filename: str) -> Response:
         if size == 0:
             raise InvalidBuildSpec("the body is empty: send the sdist's bytes")
         ref = SourceRef(digest.hexdigest(), filename)
+        admit_source(svc.storage, svc.config, filename, ref.sha256, _publisher(info),
+                     recipe=project in svc.recipes)
         key = source_key(ref.sha256, ref.filename)
         created = not svc.storage.exists(key)
         if created:  # content-addressed: the same bytes are stored once
@@ -160,6 +167,11 @@ def upload_source(filename: str) -> Response:
     resp = jsonify({"sha256": ref.sha256, "filename": ref.filename, "size": size})
     resp.status_code = 201 if created else 200
     return _no_store(resp)
+
+
+def _publisher(info: TokenInfo) -> Publisher:
+    """Who a build of an uploaded sdist publishes for (``wheelhouse.ownership``)."""
+    return Publisher(info.name, admin=info.allows("admin"), projects=info.projects)
 
 
 @bp.get("/builds/<job_id>")

@@ -26,11 +26,13 @@ from wheelhouse.errors import (
     InvalidVariant,
     InvalidWheel,
     NothingPublished,
+    NotOwner,
     QueueUnavailable,
     StorageError,
     TokenError,
     UnservableSpec,
     UploadTooLarge,
+    UpstreamUnavailable,
     WheelhouseError,
 )
 
@@ -50,12 +52,14 @@ STATUS: list[tuple[type[Exception], int]] = [
     (InvalidWheel, 404),
     (UploadTooLarge, 413),
     (InvalidUpload, 400),
+    (NotOwner, 403),
     (NothingPublished, 404),
     (AlreadyPublished, 409),
     (InvalidBuildSpec, 400),
     (UnservableSpec, 409),
     (TokenError, 400),
     (StorageError, 503),
+    (UpstreamUnavailable, 503),
     (QueueUnavailable, 503),
     (WheelhouseError, 400),
 ]

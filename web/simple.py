@@ -205,9 +205,10 @@ def _owned(project: NormalizedName, listing: Listing) -> bool:
     """Whether ``project`` is this index's own, never sent upstream from any root: it has a
     recipe here, the operator pins it, or it was published here and its upstream did not list
     it then (``wheelhouse.ownership``). A project published here that the upstream lists is
-    sent there from roots that don't hold it."""
+    sent there from roots that don't hold it; one kept private at its first publication
+    (``private/<project>``) is never sent there, even with no file left."""
     svc = services()
-    if project in svc.recipes or pinned(svc.config, project):
+    if project in svc.recipes or pinned(svc.config, project) or listing.private:
         return True
     return listing.published_here and not listing.upstream_listed
 
@@ -317,7 +318,9 @@ def variant_project(name: str) -> BaseResponse:
         page = _make_page(_render_project(normalized, files, fmt, documents), fmt)
     else:
         elsewhere = listing.elsewhere
-        if elsewhere or _owned(normalized, listing):
+        # A public project published only into some roots (a pure-Python upload has no
+        # variant wheel) is the upstream's here too.
+        if _owned(normalized, listing) or (elsewhere and not listing.upstream_listed):
             raise NotFound(_missing_variant_wheel(normalized, elsewhere))
         if svc.router.default is None:
             raise NotFound(f"{normalized} is not hosted here, and upstream routing is off")

@@ -19,6 +19,7 @@ from werkzeug.datastructures import FileStorage
 from web import auth
 from web.services import services
 from wheelhouse.errors import InvalidUpload, UploadTooLarge
+from wheelhouse.ownership import Publisher
 from wheelhouse.upload import accept
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import MAX_FILENAME_LENGTH
@@ -58,8 +59,9 @@ def upload(variant_key: str) -> Response:
             raise UploadTooLarge(
                 f"{filename} is larger than this index accepts "
                 f"(WHEELHOUSE_UPLOAD_MAX_MIB={svc.config.upload_max_mib})")
-        record = accept(svc.storage, svc.config, variant, fields, path,
-                        by=f"upload by token {info.name}")
+        publisher = Publisher(info.name, admin=info.allows("admin"), projects=info.projects)
+        record = accept(svc.storage, svc.config, variant, fields, path, publisher=publisher,
+                        recipes=svc.recipes)
     resp = Response(f"OK: {record.filename} in {variant.key} (sha256 {record.sha256})\n",
                     mimetype="text/plain")
     resp.headers["Cache-Control"] = "no-store"

@@ -34,6 +34,7 @@ from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import StorageError, StorageUnavailable
 from wheelhouse.layout import (
     GENERATION_KEY,
+    PRIVATE,
     QUARANTINE,
     RECORDS,
     UPSTREAM,
@@ -63,6 +64,8 @@ class Listing:
     elsewhere: list[Variant]
     published_here: bool
     upstream_listed: bool
+    private: bool = False
+    """Kept this index's own when first published (``private/<project>``): never upstream."""
 
 
 def yank_reason(raw: bytes) -> bool | str:
@@ -130,6 +133,8 @@ class _View:
     """Each record key's stored time, as listed: a changed one is read again."""
     on_upstream: frozenset[str] = frozenset()
     """Projects whose upstream listed them when they were published (``ownership``)."""
+    private: frozenset[str] = frozenset()
+    """Projects kept this index's own (``ownership``): never sent upstream, published or not."""
 
     @property
     def listed(self) -> int:
@@ -140,7 +145,8 @@ class _View:
               quarantined: frozenset[str],
               yanked: Mapping[str, bool | str] | None = None,
               stamps: Mapping[str, float] | None = None,
-              on_upstream: frozenset[str] = frozenset()) -> _View:
+              on_upstream: frozenset[str] = frozenset(),
+              private: frozenset[str] = frozenset()) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         by_label: dict[NormalizedName, list[Record]] = {}
         for key, rec in records.items():
@@ -173,6 +179,7 @@ class _View:
             by_label=by_label,
             stamps=stamps or {},
             on_upstream=on_upstream,
+            private=private,
         )
 
 
@@ -340,8 +347,9 @@ class Catalog:
                 unreadable.add(key)
         on_upstream = frozenset(o.key.removeprefix(UPSTREAM)
                                 for o in self.storage.list(UPSTREAM))
+        private = frozenset(o.key.removeprefix(PRIVATE) for o in self.storage.list(PRIVATE))
         return _View.build(generation, records, frozenset(unreadable), quarantined,
-                           self._yanks(keys), stamps, on_upstream)
+                           self._yanks(keys), stamps, on_upstream, private)
 
     def _yanks(self, keys: set[str]) -> dict[str, bool | str]:
         """Record key -> reason of every yank marker (few, small, and changed by yanking: read
@@ -393,7 +401,8 @@ class Catalog:
         elsewhere = sorted({r.variant for ps in view.by_base.values()
                             for r in ps.get(project, ())})
         return Listing(files=files, elsewhere=elsewhere, published_here=project in self._ever,
-                       upstream_listed=project in view.on_upstream)
+                       upstream_listed=project in view.on_upstream,
+                       private=project in view.private)
 
     def published_for(self, spec: BuildSpec) -> Record | None:
         """The published wheel that already serves ``spec``, if any."""

@@ -122,7 +122,7 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
             archs: tuple[str, ...]) -> None:
     """Publish existing wheels into a variant's index."""
     # Imported when the command runs: every `wheelhouse` call loads this module.
-    from wheelhouse.ownership import check_upstream  # noqa: PLC0415
+    from wheelhouse.ownership import FLEET, Publisher, admit  # noqa: PLC0415
     from wheelhouse.publish import publish as do_publish  # noqa: PLC0415
     from wheelhouse.storage import open_storage  # noqa: PLC0415
     from wheelhouse.variants import normalize_arch, parse_variant  # noqa: PLC0415
@@ -137,12 +137,13 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
                        "(set WHEELHOUSE_STORAGE or --storage to the one your server reads)",
                        err=True)
         storage = open_storage(config)
+        # The operator on the storage host acts for the fleet: an owner's files included.
+        operator = Publisher(FLEET, admin=True)
         for path in files:
+            admit(storage, config, parse_name(path.name).project, operator, variant,
+                  recipe=False)
             rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized,
                              claim_timeout=config.publish_timeout)
-            # Asked only once the wheel is published (a failed publish asks nobody). Until the
-            # marker is written the project counts as this index's own: the safe side.
-            check_upstream(storage, config, parse_name(path.name).project, variant)
             click.echo(f"published {rec.filename} to {variant.key} in {where} "
                        f"(sha256 {rec.sha256})")
     except WheelhouseError as exc:

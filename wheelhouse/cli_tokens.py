@@ -63,10 +63,13 @@ def token() -> None:
 @click.option("--variant", "variants", multiple=True,
               help="Limit uploads, yanks and deletes to this index root (repeatable), e.g. "
                    "torch2.14-cu130; default: every root.")
+@click.option("--project", "projects", multiple=True,
+              help="Limit what it publishes to this project (repeatable); default: any project "
+                   "it owns or is the first to publish.")
 @click.option("--replace", is_flag=True, help="Revoke an existing token of this name first.")
 @pass_config
 def token_create(config: Config, name: str, scopes: tuple[str, ...], variants: tuple[str, ...],
-                 replace: bool) -> None:
+                 projects: tuple[str, ...], replace: bool) -> None:
     """Create a token called NAME and print it, once: it is stored only as a hash.
 
     Scopes: build (request and cancel builds), read (read a private index), upload (twine
@@ -74,7 +77,7 @@ def token_create(config: Config, name: str, scopes: tuple[str, ...], variants: t
     """
     try:
         value = create_token(_redis(config), name, scopes or DEFAULT_SCOPES, replace=replace,
-                             variants=variants)
+                             variants=variants, projects=projects)
     except WheelhouseError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(value)
@@ -104,6 +107,7 @@ def token_list(config: Config) -> None:
     for info in list_tokens(conn):
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(info.created_at))
         roots = f"\tvariants {','.join(info.variants)}" if info.variants else ""
+        roots += f"\tprojects {','.join(info.projects)}" if info.projects else ""
         click.echo(f"{info.name}\t{','.join(info.scopes)}\tcreated {created} UTC{roots}")
     legacy = legacy_token_keys(conn)
     if legacy:

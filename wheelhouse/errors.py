@@ -42,6 +42,11 @@ class InvalidUpload(WheelhouseError, ValueError):
     disagree with the file, a digest that does not match, a wheel without the root's label."""
 
 
+class NotOwner(WheelhouseError, PermissionError):
+    """A publisher that does not own the project it publishes into (or a token limited to
+    other projects): nothing is stored."""
+
+
 class UploadTooLarge(InvalidUpload):
     """An upload larger than ``WHEELHOUSE_UPLOAD_MAX_MIB``."""
 

@@ -11,6 +11,10 @@
   with the marker's reason (``wheelhouse yank``; module ``manage``)
 - ``upstream/<project>``                              its upstream listed it when it was
   published (module ``ownership``): roots without it may send installers there
+- ``owners/<project>``                                who may publish new files of it (module
+  ``ownership``): written by its first publisher, changed by admins (``wheelhouse projects``)
+- ``private/<project>``                               it was not on its upstream when it was first
+  published here: never sent upstream from any root until an admin releases it (``ownership``)
 - ``audit/<time>-<id>.json``                          who yanked, unyanked or deleted what (manage)
 - ``logs/<base variant>/<project>/<file>.log``         the full log of the build of that wheel
 - ``stats/<recipe>-cu<XYZ>.json``                      learned compile-job memory (maxjobs)
@@ -41,15 +45,20 @@ CLAIMS = "claims/"
 QUARANTINE = "quarantine/"
 YANKS = "yanks/"
 UPSTREAM = "upstream/"
+OWNERS = "owners/"
+PRIVATE = "private/"
 AUDIT = "audit/"
 LOGS = "logs/"
 STATS = "stats/"
 COMPILE_CACHE = "sccache/"
 SOURCES = "sources/"
 METADATA_SUFFIX = ".metadata"
-#: What build workers write: their S3 policy (``deploy/s3/worker-policy.json``) must allow
-#: each, and nothing else (quarantine markers and deletions are the operator's).
-WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_CACHE)
+#: What build workers (and ``wheelhouse publish`` with their credentials) write: their S3
+#: policy (``deploy/s3/worker-policy.json``) must allow each, and nothing else (quarantine
+#: markers and deletions are the operator's). A first publication writes its project's owner
+#: record and, for a project its upstream doesn't list, the private marker.
+WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_CACHE, OWNERS,
+                 PRIVATE)
 #: What the web writes when a build is requested with a local sdist (``PUT /api/sources/...``);
 #: with the read-only web policy of ``deploy/s3/web-policy.json`` those uploads answer 503.
 WEB_SOURCE_WRITES = (SOURCES,)
@@ -100,6 +109,16 @@ def yanked_record_key(marker: str) -> str:
 def upstream_key(project: str) -> str:
     """The marker that says ``project``'s upstream listed it when it was published here."""
     return f"{UPSTREAM}{project}"
+
+
+def owner_key(project: str) -> str:
+    """The record of who owns ``project`` here (:class:`wheelhouse.ownership.Owners`)."""
+    return f"{OWNERS}{project}"
+
+
+def private_key(project: str) -> str:
+    """The marker that keeps ``project`` this index's own, never sent upstream."""
+    return f"{PRIVATE}{project}"
 
 
 def quarantined_record_key(marker: str) -> str:

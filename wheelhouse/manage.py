@@ -43,6 +43,11 @@ class Action(StrEnum):
     YANK = "yank"
     UNYANK = "unyank"
     DELETE = "delete"
+    # Who owns a project (``wheelhouse projects``, module ``ownership``).
+    GRANT = "grant"
+    REVOKE = "revoke"
+    TRANSFER = "transfer"
+    RELEASE = "release"
 
 
 @dataclass(frozen=True)

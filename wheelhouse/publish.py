@@ -36,6 +36,7 @@ from wheelhouse.layout import (
     GENERATION_KEY,
     Record,
     claim_key,
+    yank_key,
 )
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant, variant_from_label
@@ -159,12 +160,44 @@ def publish(
         _check_label(name, variant, "; publish with --relabel to rewrite it")
         metadata = read_metadata(path)
         record = _new_record(name.filename, path, metadata, meta, variant, archs, build)
+        check_identity(storage, name, record)
         published = _write(storage, record, path, metadata, claim_timeout, by)
         if published is record:
             bump_generation(storage)
         if variant_form:
             publish_variant_form(storage, path, published, claim_timeout=claim_timeout, by=by)
     return published
+
+
+def check_identity(storage: Storage, name: WheelName, record: Record) -> None:
+    """Refuse other bytes for a release file installers can't tell from a published one.
+
+    What an installer sees is the normalised project, the version as ``packaging`` compares it
+    (``1.0`` is ``1.0.0``) and the tags: a file name spelt in another case, with trailing zeros
+    or with a build tag (which installers prefer) would otherwise list beside the published
+    file, or hide it. A file of the same identity the owner yanked may be replaced (by a
+    build-tagged file: the yanked name itself stays taken)."""
+    prefix = record.key.rpartition("/")[0] + "/"
+    for o in storage.list(prefix):
+        other = o.key.rpartition("/")[2].removesuffix(".json")
+        if other == record.filename or not o.key.endswith(".json"):
+            continue  # the same name is _write's to decide
+        try:
+            oname = parse_name(other)
+        except InvalidWheel:
+            continue  # a variant form (its label after the tags) or a stray object
+        if oname.version != name.version or not oname.tags & name.tags:
+            continue
+        existing = _read_record(storage, o.key)
+        if (existing is None or existing.sha256 == record.sha256
+                or existing.variant_of is not None or storage.exists(yank_key(o.key))):
+            continue
+        raise AlreadyPublished(
+            f"{record.filename}: {existing.filename} is published with the same project, "
+            f"version ({name.version}) and tags but other bytes (sha256 "
+            f"{existing.sha256[:12]}…); installers can't tell them apart, so published "
+            "releases are immutable whatever the file name spells (yank it first to publish "
+            "a build-tagged replacement)")
 
 
 def _check_label(name: WheelName, variant: Variant, advice: str = "") -> None:

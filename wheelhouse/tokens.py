@@ -5,10 +5,11 @@ A token is shown once, when created, and stored only as its SHA-256 digest: toke
 of randomness, so a plain digest is as good as a slow hash and lets a request be checked with one
 Redis read. Every token lives in one Redis hash, ``wheelhouse:tokens``: digest (hex) -> JSON
 ``{"name", "scopes", "created_at"}`` and, for a token limited to some index roots,
-``"variants"`` (variant keys; absent or empty: every root). Checking a token, listing tokens
-and revoking one by name all read that hash and nothing else, so a token that authenticates
-is always listed and revocable (also one written into Redis by hand); a record whose name or
-scopes don't validate authenticates nothing and is not listed.
+``"variants"`` (variant keys; absent or empty: every root) and, for one limited to some
+projects, ``"projects"`` (normalised names; absent or empty: every project). Checking a
+token, listing tokens and revoking one by name all read that hash and nothing else, so a
+token that authenticates is always listed and revocable (also one written into Redis by
+hand); a record whose name or scopes don't validate authenticates nothing and is not listed.
 
 Tokens of the format before this one (``wheelhouse:token:<digest>`` keys with a
 ``wheelhouse:token-name:<name>`` index) no longer authenticate: create them anew.
@@ -24,6 +25,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from packaging.utils import canonicalize_name
 
 from wheelhouse.errors import InvalidVariant, TokenError
 from wheelhouse.variants import parse_variant
@@ -45,6 +48,7 @@ TOKEN_MARK = "whk_"  # noqa: S105 (a public prefix)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _TOKEN = re.compile(r"whk_[A-Za-z0-9_-]{43}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+_PROJECT = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,98}[A-Za-z0-9])?")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,8 @@ class TokenInfo:
     """SHA-256 of the token (hex): identifies it in sessions and rate-limit keys."""
     variants: tuple[str, ...] = ()
     """The index roots (variant keys) it may upload to, yank or delete in; empty: all."""
+    projects: tuple[str, ...] = ()
+    """The projects (normalised names) it may publish; empty: any it owns."""
 
     def allows(self, scope: str) -> bool:
         return scope in self.scopes
@@ -66,6 +72,9 @@ class TokenInfo:
         """Whether the token reaches the root ``key`` (its base limit covers narrowed roots)."""
         return not self.variants or any(key == v or key.startswith(v + "-sm")
                                          for v in self.variants)
+
+    def allows_project(self, project: str) -> bool:
+        return not self.projects or canonicalize_name(project) in self.projects
 
 
 def digest(token: str) -> str:
@@ -100,23 +109,37 @@ def check_variants(keys: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def check_projects(names: Iterable[str]) -> tuple[str, ...]:
+    """Project names a token is limited to, each valid and normalised."""
+    out: list[str] = []
+    for name in names:
+        if not isinstance(name, str) or not _PROJECT.fullmatch(name):
+            raise TokenError(f"--project {str(name)[:80]!r} is not a project name")
+        out.append(canonicalize_name(name))
+    return tuple(dict.fromkeys(out))
+
+
 def create_token(
     conn: Redis, name: str, scopes: Iterable[str] = DEFAULT_SCOPES, *, replace: bool = False,
-    variants: Iterable[str] = (),
+    variants: Iterable[str] = (), projects: Iterable[str] = (),
 ) -> str:
     """Create a token called ``name`` and return it; this is the only time it is visible.
 
     A name that is taken raises :class:`TokenError` unless ``replace``, which revokes the old one.
-    ``variants`` limits what it uploads, yanks and deletes to those index roots.
+    ``variants`` limits what it uploads, yanks and deletes to those index roots, ``projects``
+    what it publishes to those projects.
     """
 
     check_name(name)
     wanted = check_scopes(scopes)
     roots = check_variants(variants)
+    limited = check_projects(projects)
     token = TOKEN_MARK + secrets.token_urlsafe(32)
     fields: dict[str, object] = {"name": name, "scopes": list(wanted), "created_at": time.time()}
     if roots:
         fields["variants"] = list(roots)
+    if limited:
+        fields["projects"] = list(limited)
     record = json.dumps(fields)
 
     def create(pipe: Pipeline) -> None:
@@ -156,9 +179,12 @@ def _info(raw: bytes | str, d: str) -> TokenInfo | None:
         roots = data.get("variants") or [] if isinstance(data, dict) else None
         if not isinstance(roots, list) or not all(isinstance(v, str) for v in roots):
             return None
+        projects = data.get("projects") or []
+        if not isinstance(projects, list):
+            return None
         info = TokenInfo(name=check_name(data["name"]), scopes=check_scopes(data["scopes"]),
                          created_at=float(data["created_at"]), digest=d,
-                         variants=tuple(roots))
+                         variants=tuple(roots), projects=check_projects(projects))
     except (ValueError, KeyError, TypeError):  # TokenError is a ValueError
         return None
     return info

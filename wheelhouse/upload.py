@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 from wheelhouse.catalog import Record
 from wheelhouse.config import Config
 from wheelhouse.errors import InvalidUpload, InvalidWheel
-from wheelhouse.ownership import check_upstream
+from wheelhouse.ownership import Publisher, admit
 from wheelhouse.publish import publish
 from wheelhouse.storage import Storage
 from wheelhouse.variants import Variant
@@ -75,9 +75,12 @@ def _label_problem(name_version: Version, variant: Variant, filename: str) -> st
 
 
 def accept(storage: Storage, config: Config, variant: Variant, fields: Mapping[str, str],
-           path: Path, *, by: str) -> Record:
+           path: Path, *, publisher: Publisher,
+           recipes: Collection[str] = frozenset()) -> Record:
     """Check an uploaded wheel (stored at ``path`` under its own name) and publish it into
-    ``variant``'s root, as ``wheelhouse publish`` does; ``by`` names the uploader.
+    ``variant``'s root, as ``wheelhouse publish`` does, if ``publisher`` owns its project (or
+    is its first publisher: :func:`wheelhouse.ownership.admit`; ``recipes`` are the projects
+    only builds publish).
 
     The same bytes again return the published record (so a retried upload succeeds); other
     bytes under a published name raise :class:`AlreadyPublished` (a 409, which twine's
@@ -103,11 +106,9 @@ def accept(storage: Storage, config: Config, variant: Variant, fields: Mapping[s
     check_digests(fields, path)
     if name.version.local != variant.local_label and not config.upload_relabel:
         raise InvalidUpload(_label_problem(name.version, variant, path.name))
+    admit(storage, config, name.project, publisher, variant, recipe=name.project in recipes)
     try:
-        record = publish(storage, path, variant, relabel_wheel=config.upload_relabel,
-                         claim_timeout=config.publish_timeout, by=by)
+        return publish(storage, path, variant, relabel_wheel=config.upload_relabel,
+                       claim_timeout=config.publish_timeout, by=f"upload by {publisher}")
     except InvalidWheel as exc:
         raise InvalidUpload(str(exc)) from None
-    # Once published (until the marker exists the project counts as this index's own).
-    check_upstream(storage, config, name.project, variant)
-    return record

@@ -13,6 +13,7 @@ from tests.web.buildhelpers import close_redis, csrf_of, make_app, sign_in, toke
 from web.services import services
 from wheelhouse.config import Config
 from wheelhouse.manage import audit_entries
+from wheelhouse.ownership import Publisher
 from wheelhouse.publish import publish
 from wheelhouse.storage import open_storage
 from wheelhouse.upload import accept
@@ -88,6 +89,7 @@ def test_uploads_are_relabelled_when_the_operator_says_so(tmp_path: Path) -> Non
     wheel = make_wheel(tmp_path, "plain", "1.0")
     fields = {":action": "file_upload", "name": "plain", "version": "1.0",
               "sha256_digest": hashlib.sha256(wheel.read_bytes()).hexdigest()}
-    record = accept(open_storage(config), config, V, fields, wheel, by="test")
+    record = accept(open_storage(config), config, V, fields, wheel,
+                    publisher=Publisher("test"))
     assert record.version == f"1.0+{V.local_label}"
     assert record.filename == f"plain-1.0+{V.local_label}-py3-none-any.whl"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from redis import Redis
 
-from tests.helpers import free_port, make_wheel, serve_http
+from tests.helpers import QuietHandler, free_port, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, token
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.layout import source_key
@@ -374,3 +375,61 @@ def test_source_uploads_need_a_build_token_a_real_sdist_name_and_stay_under_the_
     # Just under: the 64 KiB limit of every other route is raised for this one.
     fits = queue_client.put(url, data=b"x" * (1024 * 1024), headers=bearer(tok))
     assert fits.status_code == 201, fits.json
+
+
+def _sdist_upstream(sdists: dict[str, bytes]) -> type[QuietHandler]:
+    """A PEP 691 upstream listing these sdists (file name -> bytes) under their projects."""
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            name = self.path.strip("/").removeprefix("simple/")
+            files = [{"filename": f, "url": f"/files/{f}",
+                      "hashes": {"sha256": hashlib.sha256(b).hexdigest()}}
+                     for f, b in sdists.items() if f.split("-")[0].replace("_", "-") == name]
+            if not files:
+                self.send_error(404)
+                return
+            page = {"meta": {"api-version": "1.1"}, "name": name, "files": files}
+            self.send_body(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
+
+    return Handler
+
+
+def test_an_uploaded_sdist_cannot_impersonate_a_release(redis_url: str, conn: Redis,
+                                                        tmp_path: Path) -> None:
+    """Issue 25, item 8: a build token holder uploads their own bytes under a released name."""
+    real = b"\x1f\x8b the real imp-victim 1.0"
+    with serve_http(_sdist_upstream({"imp_victim-1.0.tar.gz": real})) as index:
+        app = make_app(redis_url, tmp_path, upstream=index + "/simple/",
+                       allowed_projects="imp-victim,own-proj")
+        client = app.test_client()
+        storage = app.extensions["wheelhouse"].storage
+        mallory, alice = token(conn, "mallory"), token(conn, "alice")
+        fake = b"\x1f\x8b mallory's code"
+        for name, body in (("imp_victim-1.0.tar.gz", fake), ("imp_victim-9.9.tar.gz", fake)):
+            refused = client.put(f"/api/sources/{name}", data=body, headers=bearer(mallory))
+            assert refused.status_code == 403, refused.json
+            assert not storage.exists(source_key(hashlib.sha256(body).hexdigest(), name))
+        assert "must be byte-identical" in client.put(
+            "/api/sources/imp_victim-1.0.tar.gz", data=fake, headers=bearer(mallory)).json["error"]
+        # The upstream's own bytes are fine: they are what a build without the file fetches.
+        same = client.put("/api/sources/imp_victim-1.0.tar.gz", data=real, headers=bearer(mallory))
+        assert same.status_code == 201, same.json
+        # A project the upstream doesn't have: its first requester owns it, others are refused,
+        # also when they name the stored sdist in a build request.
+        mine = b"\x1f\x8b alice's own project"
+        first = client.put("/api/sources/own_proj-1.0.tar.gz", data=mine, headers=bearer(alice))
+        assert first.status_code == 201, first.json
+        other = client.put("/api/sources/own_proj-1.0.tar.gz", data=b"\x1f\x8b x",
+                           headers=bearer(mallory))
+        assert other.status_code == 403
+        ref = {"sha256": hashlib.sha256(mine).hexdigest(), "filename": "own_proj-1.0.tar.gz"}
+        build = {**GOOD, "project": "own-proj", "version": "1.0", "source": ref}
+        advertise_worker(conn)
+        assert client.post("/api/builds", json=build, headers=bearer(mallory)).status_code == 403
+        assert client.post("/api/builds", json=build, headers=bearer(alice)).status_code == 201
+    # The upstream down: nothing unchecked is stored (503, never built on trust).
+    down = make_app(redis_url, tmp_path, upstream=f"http://127.0.0.1:{free_port()}/simple/",
+                    allowed_projects="imp-victim").test_client()
+    gone = down.put("/api/sources/imp_victim-2.0.tar.gz", data=fake, headers=bearer(alice))
+    assert gone.status_code == 503
