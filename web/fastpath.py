@@ -82,6 +82,11 @@ class CachedPages:
             return None
         key = (environ.get("SCRIPT_NAME", "") + kind, parts[1], parts[3], fmt)
         page = self.pages.get(self.catalog.generation, key)
+        if page is not None and page.status != 200:
+            # A redirect upstream may be what this process knew before another one published
+            # the project: catch up with storage first (read your writes), as the view does.
+            self.catalog.catch_up()
+            page = self.pages.get(self.catalog.generation, key)
         if page is None:
             return None
         self.metrics.page_hit.inc()

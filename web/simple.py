@@ -167,6 +167,8 @@ def project(variant_key: str, name: str) -> BaseResponse:
     fmt = negotiate()
     generation, key, page = _lookup("project", variant_key, name, fmt)
     svc = services()
+    if page is not None and page.status != 200 and _caught_up(generation):
+        generation, key, page = _lookup("project", variant_key, name, fmt)
     if page is not None:
         if svc.config.build_on_miss:  # a cached page was valid: name and key are normal
             _build_on_miss(_variant(variant_key), name)  # type: ignore[arg-type]
@@ -179,6 +181,10 @@ def project(variant_key: str, name: str) -> BaseResponse:
     files = listing.files
     if svc.config.build_on_miss:
         _build_on_miss(variant, normalized, files)
+    if not files and _caught_up(generation):
+        generation = svc.catalog.generation
+        listing = svc.catalog.listing(variant, normalized)
+        files = listing.files
     if files:
         page = _make_page(_render_project(normalized, files, fmt), fmt)
     else:
@@ -190,6 +196,15 @@ def project(variant_key: str, name: str) -> BaseResponse:
             raise NotFound(_missing(variant, normalized, elsewhere))
         page = _make_page(b"", fmt, status=302, location=_not_hosted(variant, normalized))
     return _respond(_store(generation, key, page))
+
+
+def _caught_up(generation: str) -> bool:
+    """Before a redirect upstream or a 404: whether storage has moved on since ``generation``
+    (another server process published meanwhile, perhaps the upload that just answered 200),
+    after catching up with it. Bounded: one refresh at a time, at most every 50 ms."""
+    catalog = services().catalog
+    catalog.catch_up()
+    return catalog.generation != generation
 
 
 def _build_on_miss(variant: Variant, project: NormalizedName,

@@ -269,3 +269,31 @@ def test_a_public_project_in_one_root_is_the_upstreams_elsewhere(server: Server,
         away = requests.get(server.url + path, allow_redirects=False, timeout=30)
         assert away.status_code == 302, path
         assert away.headers["Location"].endswith("/simple/iniconfig/")
+
+
+def test_after_an_uploads_200_every_server_process_lists_it(redis_server: str, upstream: Upstream,
+                                                            tmp_path: Path) -> None:
+    """Read your writes: with catalogs that would not refresh on their own for a minute, the
+    redirect upstream that each gunicorn worker cached gives way to the file at once."""
+    redis_url = f"{redis_server}/1"
+    conn = Redis.from_url(redis_url)
+    conn.flushdb()
+    tok = create_token(conn, "ryw", ["upload"])
+    config = Config(storage=str(tmp_path / "data"), redis_url=redis_url,
+                    catalog_refresh_seconds=60.0, upstream=upstream.url, upstream_rules="")
+    try:
+        with start_index(config, tmp_path, workers=2) as url:
+            page = f"{url}/{VARIANT}/simple/iniconfig/"
+            # Many requests, so that both workers cache the redirect.
+            with requests.Session() as s:
+                for _ in range(20):
+                    assert s.get(page, allow_redirects=False, timeout=30).status_code == 302
+            wheel = make_wheel(tmp_path / "w", "iniconfig", f"2.0+{LABEL}")
+            server = Server(url, config, {"ryw": tok})
+            assert _twine(server, wheel, "ryw").returncode == 0
+            answers = [requests.get(page, allow_redirects=False, timeout=30).status_code
+                       for _ in range(20)]
+            assert answers == [200] * 20
+    finally:
+        conn.flushdb()
+        conn.close()
