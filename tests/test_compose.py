@@ -63,7 +63,7 @@ def test_valid_against_compose_spec(name: str) -> None:
 
 def test_services_and_health(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "minio", "minio-init", "web", *WORKERS}
+    assert set(services) == {"redis", "minio", "minio-init", "web", "proxy", *WORKERS}
     for name, svc in services.items():
         if name != "minio-init":
             assert "healthcheck" in svc, f"{name} has no healthcheck"
@@ -100,6 +100,51 @@ def test_the_web_healthcheck_is_liveness(compose: dict[str, Any]) -> None:
     outage doesn't fail, never /readyz, which it does (a restart wouldn't fix those)."""
     probe = " ".join(compose["services"]["web"]["healthcheck"]["test"])
     assert "/healthz" in probe and "/readyz" not in probe
+
+
+NGINX_CONF = ROOT / "deploy" / "nginx" / "wheelhouse.conf"
+
+
+def test_the_web_is_reached_through_the_buffering_proxy(compose: dict[str, Any],
+                                                        tls_override: dict[str, Any]) -> None:
+    """Issue 26: gunicorn is not the front door; nginx, which reads requests whole, is."""
+    services = compose["services"]
+    assert "ports" not in services["web"], "the web must be reached through the proxy only"
+    assert "ports" not in tls_override["services"].get("web", {})
+    proxy = services["proxy"]
+    assert proxy["image"].startswith("nginx:")
+    assert proxy["ports"] == ["8000:8080"]
+    assert proxy["volumes"] == ["./deploy/nginx/wheelhouse.conf:/etc/nginx/conf.d/default.conf:ro"]
+    assert proxy["depends_on"] == {"web": {"condition": "service_healthy"}}
+    assert "/healthz" in " ".join(proxy["healthcheck"]["test"])
+    # The web trusts the one proxy's X-Forwarded-For/-Proto, and nothing more.
+    assert services["web"]["environment"]["WHEELHOUSE_PROXY_HOPS"] == "1"
+    conf = NGINX_CONF.read_text()
+    directives = dict(re.findall(r"^[ \t]*(\w+)[ \t]+([^;{}\n]*);", conf, re.MULTILINE))
+    assert directives["listen"] == "8080"
+    assert directives["proxy_request_buffering"] == "on"
+    assert directives["client_header_timeout"] == "10s"
+    assert directives["client_max_body_size"] == f"{Config().upload_max_mib}m"
+    assert "proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;" in conf
+    assert "proxy_set_header X-Forwarded-Proto $scheme;" in conf
+    assert re.search(r"server web:8000;", conf)
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
+def test_the_proxy_config_is_one_nginx_accepts(tmp_path: Path) -> None:
+    """``nginx -t`` on the config as the image includes it (inside ``http {}``), with the
+    web's name replaced by an address that resolves here."""
+    server = NGINX_CONF.read_text().replace("server web:8000;", "server 127.0.0.1:8000;")
+    (tmp_path / "default.conf").write_text(server)
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\n"
+        "events {}\n"
+        f"http {{ access_log off; client_body_temp_path {tmp_path}/body; "
+        f"proxy_temp_path {tmp_path}/proxy; include {tmp_path}/default.conf; }}\n")
+    done = subprocess.run(["nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "test is successful" in done.stderr
 
 
 def test_commands_are_the_cli_the_tests_exercise(compose: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ import logging
 
 from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from web import (
     admin,
@@ -78,4 +79,10 @@ def create_app(config: Config | None = None, *, storage: Storage | None = None) 
     app.wsgi_app = CachedPages(app.wsgi_app, svc)  # type: ignore[method-assign]
     # Outermost: a bad Host or URL is refused before the fast path or Flask looks at it.
     app.wsgi_app = RequestGuard(app.wsgi_app, svc.metrics)  # type: ignore[method-assign]
+    if config.proxy_hops:
+        # The client's address (the sign-in lockout counts per address) and scheme from the
+        # proxy's headers, the last ``proxy_hops`` of them only: what a client puts there itself
+        # is ignored. Off by default: without a proxy, a client would choose its own address.
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=config.proxy_hops, x_proto=config.proxy_hops, x_host=0)
     return app

@@ -18,23 +18,32 @@ from typing import Any
 import click
 from flask import Flask
 from gunicorn.app.base import BaseApplication
+from gunicorn.errors import AppImportError
 
 from web import create_app
 from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import ENV_PREFIX, Config
+from wheelhouse.errors import WheelhouseError
 from wheelhouse.localredis import private_redis
+
+#: ``--worker-class`` choices: gunicorn's worker that ``serve`` runs, by its short name.
+WORKER_CLASSES = {"gevent": "web.geventworker.GeventWorker", "gthread": "gthread"}
 
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]
     """gunicorn serving the index built from ``config``, with ``options`` as its settings.
 
-    The app is built here, in the master before it forks, so that every worker starts with the
-    catalog loaded, and a configuration error stops ``serve`` with one line before gunicorn
-    starts. Storage that does not answer does not stop it: the index answers 503 until it does.
+    The app is built in each worker as it boots (``load``), before it accepts a connection, so
+    every worker starts with the catalog loaded. Not in the master: gevent patches sockets,
+    locks and ``ssl`` when its worker starts, and clients made before that (boto3's, which keeps
+    the unpatched ``SSLContext``; redis-py's) would block the whole worker on every call. So the
+    master imports neither boto3 nor redis. A configuration error stops ``serve`` with its one
+    line (gunicorn's "App failed to load"); storage that does not answer does not: the index
+    answers 503 until it does.
     """
 
     def __init__(self, config: Config, options: dict[str, Any]) -> None:
-        self.application = create_app(config)
+        self.config = config
         self.options = options
         super().__init__()
 
@@ -43,7 +52,11 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
             self.cfg.set(key, value)
 
     def load(self) -> Flask:
-        return self.application
+        try:
+            return create_app(self.config)
+        except (ValueError, WheelhouseError) as exc:
+            # gunicorn prints this one line and stops the server (exit status 4).
+            raise AppImportError(f"wheelhouse: {exc}") from None
 
 
 @click.command()
@@ -52,8 +65,16 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
               help="TCP port to listen on.")
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1),
               help="gunicorn worker processes.")
+@click.option("--worker-class", type=click.Choice(sorted(WORKER_CLASSES)), default="gevent",
+              show_default=True,
+              help="gunicorn worker: gevent (a connection waits for its request without holding "
+                   "a thread, so slow clients can't starve the index) or gthread (one thread "
+                   "per connection, --threads of them per worker).")
 @click.option("--threads", default=4, show_default=True, type=click.IntRange(min=1),
-              help="Threads per worker process.")
+              help="Threads per worker process (gthread only).")
+@click.option("--worker-connections", default=1000, show_default=True,
+              type=click.IntRange(min=1),
+              help="Connections each worker process holds at once (gevent only).")
 @click.option("--access-log/--no-access-log", default=True, show_default=True,
               help="Log every request to stdout, one line each (gunicorn's access log).")
 @click.option("--with-worker", is_flag=True,
@@ -61,8 +82,8 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
                    "socket in the workspace when WHEELHOUSE_REDIS_URL is unset).")
 @pass_config
 @storage_option
-def serve(config: Config, host: str, port: int, workers: int, threads: int, access_log: bool,
-          with_worker: bool) -> None:
+def serve(config: Config, host: str, port: int, workers: int, worker_class: str, threads: int,
+          worker_connections: int, access_log: bool, with_worker: bool) -> None:
     """Serve the index (and web pages) from the configured storage."""
     _check_port(host, port)
     with contextlib.ExitStack() as stack:
@@ -74,7 +95,9 @@ def serve(config: Config, host: str, port: int, workers: int, threads: int, acce
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tmp
         if with_worker:
             config = _start_single_box(stack, config)
-        _serve(config, host, port, workers, threads, access_log)
+        _serve(config, host, port, access_log, {
+            "workers": workers, "worker_class": WORKER_CLASSES[worker_class],
+            "threads": threads, "worker_connections": worker_connections})
 
 
 def _check_port(host: str, port: int) -> None:
@@ -122,7 +145,9 @@ def _worker_process(config: Config) -> Iterator[None]:
     """``wheelhouse worker`` in its own session; asked to stop warmly, then coldly.
 
     It runs on this interpreter (whatever ``PATH`` holds), configured by ``config`` through
-    its own environment: the ``WHEELHOUSE_*`` variables of this process are replaced.
+    its own environment: the ``WHEELHOUSE_*`` variables of this process are replaced. It is a
+    new program (fork and exec, from gunicorn's master, which gevent never patches), so no
+    gevent patching reaches the build worker: RQ forks its work horses from real threads.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(config.to_env())
@@ -162,13 +187,11 @@ def _child_exit(_server: Any, worker: Any) -> None:
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
 
 
-def _serve(config: Config, host: str, port: int, workers: int, threads: int,
-           access_log: bool) -> None:
+def _serve(config: Config, host: str, port: int, access_log: bool,
+           workers: dict[str, Any]) -> None:
     options: dict[str, Any] = {
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-        "workers": workers,
-        "threads": threads,
-        "worker_class": "gthread",
+        **workers,
         "accesslog": "-" if access_log else None,
         "errorlog": "-",
         "graceful_timeout": 5,

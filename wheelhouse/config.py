@@ -243,6 +243,9 @@ class Config:
     upload_relabel: bool = False
     """Relabel uploaded wheels that lack the root's local version label instead of refusing them."""
 
+    proxy_hops: int = 0
+    """Reverse proxies in front whose X-Forwarded-For/-Proto to trust (compose's nginx: 1)."""
+
     allowed_projects: str = ""
     """Projects builds may be requested for (comma-separated); empty: any (generic recipe)."""
 

@@ -408,3 +408,23 @@ def test_uv_and_pip_install_from_a_private_index(
     got = subprocess.run([str(python), "-c", "import demo_ext; print(demo_ext.VALUE)"],
                          capture_output=True, text=True, check=True).stdout
     assert got.strip() == "7"
+
+
+@pytest.mark.parametrize(("hops", "locked_out"), [(1, False), (0, True)])
+def test_behind_a_proxy_the_lockout_counts_per_forwarded_client(
+        redis_url: str, tmp_path: Path, hops: int, locked_out: bool) -> None:
+    """compose's nginx is every client's address: with WHEELHOUSE_PROXY_HOPS=1 the lockout
+    counts the client's X-Forwarded-For instead, so one guesser locks out only itself. With 0
+    (the default, no proxy) the header is the client's own word and is ignored."""
+    app = make_app(redis_url, tmp_path, login_rate_limit="2/600", proxy_hops=hops)
+    guesser, other = app.test_client(), app.test_client()
+    for client, addr in ((guesser, "198.51.100.1"), (other, "198.51.100.2")):
+        client.environ_base["REMOTE_ADDR"] = "172.18.0.5"  # the proxy, for both
+        client.environ_base["HTTP_X_FORWARDED_FOR"] = addr
+    csrf = csrf_of(guesser.get("/login").text)
+    codes = [guesser.post("/login", data={"token": "whk_guess", "csrf_token": csrf}).status_code
+             for _ in range(3)]
+    assert codes == [401, 401, 429]
+    csrf = csrf_of(other.get("/login").text)
+    resp = other.post("/login", data={"token": "whk_guess", "csrf_token": csrf})
+    assert resp.status_code == (429 if locked_out else 401)
