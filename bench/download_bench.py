@@ -149,7 +149,9 @@ def tree_cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
 def wheelhouse_cmd() -> list[str]:
     return [sys.executable, "-c", "from wheelhouse.cli import run; run()", "serve",
             "--host", "127.0.0.1", "--port", "{port}", "--workers", "2", "--threads", "4",
-            "--no-access-log"]
+            # The worker class the figures in docs/downloads.md were measured with; `serve`'s
+            # default is gevent's since issue 26 (its sendfile path is the kernel's too).
+            "--worker-class", "gthread", "--no-access-log"]
 
 
 # --------------------------------------------------------------------------- the wheel
