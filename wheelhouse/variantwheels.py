@@ -36,7 +36,7 @@ from packaging.version import Version
 from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.devicecode import wheel_device_code
 from wheelhouse.variants import Variant, default_cxx11abi
-from wheelhouse.wheels import VARIANT_LABEL, parse_name, rewrite_wheel
+from wheelhouse.wheels import VARIANT_LABEL, edit_metadata, parse_name, rewrite_wheel
 
 SCHEMA = "https://variants-schema.wheelnext.dev/peps/850/v0.2.0.json"
 NAMESPACE = "nvidia"
@@ -121,18 +121,6 @@ def archs_of(path: Path, build: BuildFacts) -> tuple[str, ...]:
     return sass_archs(a for code in wheel_device_code(path).values() for a in code.sass)
 
 
-def _pin_torch(metadata: bytes, requirement: str) -> bytes:
-    """METADATA whose torch requirements without a marker become ``requirement``; one is added
-    where there is none. A marker'd one (an extra's) is left alone."""
-    eol = b"\r\n" if metadata.split(b"\n", 1)[0].endswith(b"\r") else b"\n"
-    headers, sep, body = metadata.partition(eol + eol)
-    lines = headers.split(eol)
-    torch = re.compile(rb"Requires-Dist:\s*torch(?![A-Za-z0-9._-])[^;]*$", re.I)
-    kept = [line for line in lines if not torch.match(line)]
-    kept.append(b"Requires-Dist: " + requirement.encode())
-    return eol.join(kept) + (sep or eol + eol) + body
-
-
 def _variant_version(filename: str, variant: Variant) -> Version:
     return Version(f"{parse_name(filename).version.public}+{torch_label(variant)}")
 
@@ -155,6 +143,6 @@ def make_variant_wheel(path: Path, variant: Variant, archs: Iterable[str],
     filename = variant_filename(path.name, variant, label)
     own = variants_document({label: properties(variant.cuda, ordered)})
     dest = rewrite_wheel(path, dest_dir / filename, version,
-                         edit_metadata=lambda data: _pin_torch(data, torch_requirement(variant)),
+                         more=lambda data: edit_metadata(data, torch=torch_requirement(variant)),
                          add_info={VARIANT_JSON: own})
     return dest, label

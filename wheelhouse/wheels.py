@@ -187,21 +187,21 @@ def relabel(path: Path, label: str, dest_dir: Path) -> Path:
     return _rewrite(
         path, dest_dir / new_filename,
         new_info=f"{old_prefix[0]}-{new_version}.dist-info",
-        edit_metadata=lambda data: _set_version(data, new_version),
+        edit_metadata=lambda data: edit_metadata(data, version=new_version),
     )
 
 
 def rewrite_wheel(path: Path, dest: Path, version: Version, *,
-                  edit_metadata: Callable[[bytes], bytes] | None = None,
+                  more: Callable[[bytes], bytes] | None = None,
                   add_info: Mapping[str, bytes] | None = None) -> Path:
     """Copy a wheel to ``dest`` (whose file name the caller chose) as ``version``: .dist-info,
-    .data and METADATA follow, ``edit_metadata`` edits METADATA further, ``add_info`` adds
+    .data and METADATA follow, ``more`` edits METADATA further, ``add_info`` adds
     files to the .dist-info, and RECORD matches. The same input gives the same bytes."""
     dist = path.name.split("-", 1)[0]
 
     def edit(data: bytes) -> bytes:
-        data = _set_version(data, version)
-        return edit_metadata(data) if edit_metadata is not None else data
+        data = edit_metadata(data, version=version)
+        return more(data) if more is not None else data
 
     return _rewrite(path, dest, new_info=f"{dist}-{version}.dist-info", edit_metadata=edit,
                     add_info=add_info)
@@ -215,7 +215,20 @@ def add_description_note(path: Path, note: str, dest_dir: Path) -> Path:
     """
     parse_name(path.name)
     return _rewrite(path, dest_dir / path.name, new_info=None,
-                    edit_metadata=lambda data: _append_description(data, note))
+                    edit_metadata=lambda data: edit_metadata(data, note=note))
+
+
+def pin_torch(path: Path, requirement: str, dest_dir: Path) -> Path:
+    """The wheel (a copy in ``dest_dir`` where METADATA changes) requiring ``requirement``
+    (``torch==2.14.*``) in its headers: a wheel built against one torch must not install beside
+    another (its undefined symbols are the error prebuilt-wheel users report most). File name
+    and version are unchanged; RECORD is rewritten."""
+    metadata = read_metadata(path)
+    if edit_metadata(metadata, torch=requirement) == metadata:
+        return path
+    parse_name(path.name)
+    return _rewrite(path, dest_dir / path.name, new_info=None,
+                    edit_metadata=lambda data: edit_metadata(data, torch=requirement))
 
 
 def _rewrite(
@@ -284,31 +297,45 @@ def _record_row(arcname: str, data: bytes) -> tuple[str, str, str]:
     return arcname, "sha256=" + digest, str(len(data))
 
 
-def _append_description(metadata: bytes, note: str) -> bytes:
-    """METADATA with ``note`` as the last paragraph of its body (the description)."""
-    if not note.strip():
-        raise ValueError("empty note")
-    first_line = metadata.split(b"\n", 1)[0]
-    eol = b"\r\n" if first_line.endswith(b"\r") else b"\n"
-    separator = eol + eol
-    headers, found, body = metadata.partition(separator)
-    if not found:  # headers only, no description yet
-        headers, body = metadata.rstrip(b"\r\n"), b""
-    text = note.strip("\n").replace("\n", eol.decode()).encode("utf-8")
-    body = body.rstrip(b"\r\n")
-    return headers + separator + (body + separator if body else b"") + text + eol
-
-
-def _set_version(metadata: bytes, version: Version) -> bytes:
-    lines = metadata.split(b"\n")
+def _split_metadata(metadata: bytes) -> tuple[list[bytes], bytes, bytes]:
+    """Core metadata as its header lines, its body (the description, verbatim) and its line
+    ending. The headers end at the first empty line (RFC 822, as ``email`` and
+    ``packaging.metadata`` read it) or at the end, where there is no body."""
+    eol = b"\r\n" if metadata.split(b"\n", 1)[0].endswith(b"\r") else b"\n"
+    lines = metadata.split(eol)
     for i, line in enumerate(lines):
-        if line.strip() == b"":
-            break  # the end of the headers: what follows is the description
-        if line.startswith(b"Version:"):
-            eol = b"\r" if line.endswith(b"\r") else b""
-            lines[i] = b"Version: " + str(version).encode() + eol
-            return b"\n".join(lines)
-    raise InvalidWheel("METADATA has no Version header")
+        if not line.strip(b"\r"):
+            return lines[:i], eol.join(lines[i + 1:]), eol
+    return lines, b"", eol
+
+
+_TORCH_REQUIREMENT = re.compile(rb"Requires-Dist:\s*torch(?![A-Za-z0-9._-])[^;]*$", re.I)
+
+
+def edit_metadata(metadata: bytes, *, version: Version | None = None,
+                  torch: str | None = None, note: str | None = None) -> bytes:
+    """The one rewrite of core metadata: ``version`` replaces the Version header, ``torch``
+    (``torch==2.14.*``) replaces every torch requirement without a marker (a marker'd one, an
+    extra's, is left alone) and is added where there is none, ``note`` becomes the last
+    paragraph of the description. Headers stay headers: whatever the input's shape (no body,
+    no final newline, CRLF), the result's header block ends with one empty line before the
+    body, so installers read a ``Requires-Dist`` added here (issue 30)."""
+    headers, body, eol = _split_metadata(metadata)
+    if version is not None:
+        at = next((i for i, line in enumerate(headers) if line.startswith(b"Version:")), None)
+        if at is None:
+            raise InvalidWheel("METADATA has no Version header")
+        headers[at] = b"Version: " + str(version).encode()
+    if torch is not None:
+        headers = [line for line in headers if not _TORCH_REQUIREMENT.match(line)]
+        headers.append(b"Requires-Dist: " + torch.encode())
+    if note is not None:
+        if not note.strip():
+            raise ValueError("empty note")
+        text = note.strip("\n").replace("\n", eol.decode()).encode("utf-8")
+        kept = body.rstrip(b"\r\n")
+        body = (kept + eol + eol if kept else b"") + text + eol
+    return eol.join(headers) + eol + eol + body
 
 
 #: RECORD hash algorithms a wheel may use: sha256 or stronger (PEP 376, the wheel spec).

@@ -13,7 +13,8 @@ written last into the request's ``report`` file (a fresh file, no link followed)
 - ``unpack``: the sdist (mounted read-only) into the project version's source path, within
   :class:`SdistLimits`, then the recipe's patches; the report names the project directory;
 - ``wheel``: the built wheel (a worker's copy, read-only) checked as the spec asks
-  (:func:`wheelhouse.wheels.validate_wheel`), relabelled and noted where the recipe says, again
+  (:func:`wheelhouse.wheels.validate_wheel`), relabelled and noted where the recipe says, pinned
+  to the torch it was built against (``Requires-Dist: torch==X.Y.*``), again
   checked, its device code read (:mod:`wheelhouse.devicecode`), its compiled modules and load
   steps listed (:mod:`worker.loadcheck`), its variant form made, the final wheel unpacked into the
   load check's ``site`` directory; the wheels and their METADATA are left in ``out``.
@@ -53,8 +54,8 @@ from wheelhouse.devicecode import wheel_device_code
 from wheelhouse.errors import BuildFailed, FailureKind, InvalidWheel, PatchFailed
 from wheelhouse.patches import Patch, Replacement, apply_patches, note_wheel
 from wheelhouse.variants import parse_variant
-from wheelhouse.variantwheels import make_variant_wheel, sass_archs
-from wheelhouse.wheels import parse_name, read_metadata, relabel, validate_wheel
+from wheelhouse.variantwheels import make_variant_wheel, sass_archs, torch_requirement
+from wheelhouse.wheels import parse_name, pin_torch, read_metadata, relabel, validate_wheel
 from worker import loadcheck
 
 _MIB = 1024 * 1024
@@ -268,6 +269,9 @@ def _wheel_op(request: Mapping[str, Any]) -> dict[str, Any]:
     applied = [AppliedPatch(**p) for p in request["patches"]]
     if applied:
         wheel = note_wheel(wheel, applied, _fresh(out / "noted"))
+    variant = parse_variant(request["variant"])
+    # Built against this torch: its roots' wheel says so, as its variant form does.
+    wheel = pin_torch(wheel, torch_requirement(variant), _fresh(out / "pinned"))
     final = _fresh(out / "wheel") / wheel.name
     shutil.copyfile(wheel, final)
     report: dict[str, Any] = {
@@ -281,7 +285,7 @@ def _wheel_op(request: Mapping[str, Any]) -> dict[str, Any]:
     archs = sass_archs(a for code in found.values() for a in code.sass)
     if archs and request["variant_form"]:
         vdir = _fresh(out / "variant")
-        vpath, label = make_variant_wheel(final, parse_variant(request["variant"]), archs, vdir)
+        vpath, label = make_variant_wheel(final, variant, archs, vdir)
         report["variant"] = {"wheel": vpath.name, "label": label, "archs": list(archs),
                              "metadata": _keep_metadata(vpath, vdir)}
     _install(final, Path(request["site"]))

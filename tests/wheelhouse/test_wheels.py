@@ -646,3 +646,37 @@ def test_a_relabelled_wheel_validates(tmp_path: Path) -> None:
     wheel = relabel(built, "cu130torch2.14", tmp_path / "out")
     name = validate_wheel(wheel, "demo", Version("1.0+cu130torch2.14"), _accepts_cp311)
     assert name.version == Version("1.0+cu130torch2.14")
+
+
+@pytest.mark.parametrize("metadata", [
+    b"Metadata-Version: 2.1\nName: gpuvar\nVersion: 1.0.0\n",  # headers simply end
+    b"Metadata-Version: 2.1\nName: gpuvar\nVersion: 1.0.0",  # no final newline either
+    b"Metadata-Version: 2.1\nName: gpuvar\nVersion: 1.0.0\n\n",
+    b"Metadata-Version: 2.1\nName: gpuvar\nVersion: 1.0.0\n\nA body.\n\nTwo paragraphs.\n",
+    b"Metadata-Version: 2.1\r\nName: gpuvar\r\nVersion: 1.0.0\r\n\r\nCRLF body.\r\n",
+    b"Metadata-Version: 2.1\nName: gpuvar\nVersion: 1.0.0\nRequires-Dist: torch>=2\n"
+    b"Requires-Dist: torch ; extra == 'x'\nSummary: s\n\nRequires-Dist: torch (in the body)\n",
+], ids=["no-body", "no-newline", "blank-end", "body", "crlf", "torch-and-body"])
+def test_every_metadata_rewrite_keeps_headers_headers(metadata: bytes) -> None:
+    """Issue 30: a Requires-Dist added after a header block that simply ended landed in the
+    description, where installers ignore it. What packaging reads back is what was meant."""
+    from packaging.metadata import Metadata
+
+    from wheelhouse.wheels import edit_metadata
+
+    before = Metadata.from_email(metadata, validate=False)
+    out = edit_metadata(metadata, version=Version("1.0.0+pt214"), torch="torch==2.14.*",
+                        note="Built by wheelhouse.")
+    after = Metadata.from_email(out, validate=False)
+    assert str(after.version) == "1.0.0+pt214" and after.name == "gpuvar"
+    torch = [str(r) for r in after.requires_dist or [] if r.name == "torch"]
+    assert torch[-1] == "torch==2.14.*" and "torch>=2" not in torch
+    assert [str(r) for r in after.requires_dist or [] if r.marker] == \
+        [str(r) for r in before.requires_dist or [] if r.marker]
+    assert after.summary == before.summary
+    body = (before.description or "").strip()
+    assert (after.description or "").strip().endswith("Built by wheelhouse.")
+    assert (after.description or "").startswith(body)
+    # Each edit alone leaves the rest as it was.
+    assert Metadata.from_email(edit_metadata(metadata, note="n"),
+                               validate=False).requires_dist == before.requires_dist

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from packaging.metadata import Metadata
 
 from tests.helpers import run_console
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvcc
@@ -91,6 +92,12 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
     forms = [o.key.rsplit("/", 1)[1] for o in storage.list("records/torch2.14-cu130/cudaext/")
              if o.key != f"records/torch2.14-cu130/cudaext/{record.filename}.json"]
     assert forms == ["cudaext-0.1.0+pt214-cp311-cp311-linux_x86_64-cu130sm80.whl.json"], forms
+    # Both say, in their headers, the torch they were built against (issue 30).
+    [form] = [r for r in catalog.variant_files("cudaext")]
+    for published in (record, form):
+        meta = Metadata.from_email(storage.get_bytes(published.metadata_key), validate=False)
+        assert [str(r) for r in meta.requires_dist or [] if r.name == "torch"] == \
+            ["torch==2.14.*"], published.filename
     # The compile went through this build's sccache server, which counted every compile.
     assert build.compile_cache is not None
     assert build.compile_cache.misses >= 3 and build.compile_cache.errors == 0
