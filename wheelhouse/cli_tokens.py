@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +25,7 @@ from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
 from wheelhouse.queue import BuildState
 from wheelhouse.redisconn import connect
+from wheelhouse.sourcedir import pack_directory
 from wheelhouse.tokens import (
     DEFAULT_SCOPES,
     LEGACY_PATTERNS,
@@ -146,6 +148,16 @@ def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,
             data.close()
 
 
+def _local_sdist(server: str, token: str, path: Path) -> tuple[str, str, dict[str, str]]:
+    """A local sdist's project and version, once uploaded (its ``source`` for the request)."""
+    try:
+        name, version = parse_sdist_filename(path.name)
+    except InvalidSdistFilename:
+        raise click.ClickException(f"{path.name} is not an sdist file name "
+                                   "(name-version.tar.gz)") from None
+    return str(name), str(version), _upload_sdist(server, token, path)
+
+
 def _upload_sdist(server: str, token: str, path: Path) -> dict[str, str]:
     """Upload the sdist at ``path`` (``PUT /api/sources/<name>``); its ``source`` reference."""
     digest = hashlib.sha256()
@@ -190,7 +202,8 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
                     archs: tuple[str, ...], machine: str, split_archs: bool | None, server: str,
                     api_token: str | None, retry: bool, wait: bool, poll_seconds: float) -> None:
     """Ask a wheelhouse server to build REQUIREMENT (e.g. flash-attn==2.8.3), or a local
-    sdist (e.g. vecadd-0.1.0.tar.gz), which is uploaded to the server first
+    sdist (e.g. vecadd-0.1.0.tar.gz) or project directory (packed as its sdist without running
+    its code: wheelhouse.sourcedir), which is uploaded to the server first
     (WHEELHOUSE_SDIST_UPLOAD_MAX_MIB) and built from there.
 
     Prints one line per Python version: the build id, its state and its page; a request split
@@ -203,14 +216,16 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
         raise click.UsageError(f"no API token: set {TOKEN_ENV} (or pass --token)")
     source: dict[str, str] | None = None
     local = Path(requirement)
-    if requirement.endswith((".tar.gz", ".zip")) and local.is_file():
-        try:
-            name, version = parse_sdist_filename(local.name)
-        except InvalidSdistFilename:
-            raise click.ClickException(f"{local.name} is not an sdist file name "
-                                       "(name-version.tar.gz)") from None
-        project, pin = str(name), str(version)
-        source = _upload_sdist(server, api_token, local)
+    if local.is_dir():
+        with tempfile.TemporaryDirectory(prefix="wheelhouse-sdist-") as packed:
+            try:
+                sdist = pack_directory(local, Path(packed))
+            except WheelhouseError as exc:
+                raise click.ClickException(str(exc)) from None
+            click.echo(f"packed the directory as {sdist.name}", err=True)
+            project, pin, source = _local_sdist(server, api_token, sdist)
+    elif requirement.endswith((".tar.gz", ".zip")) and local.is_file():
+        project, pin, source = _local_sdist(server, api_token, local)
     else:
         try:
             req = Requirement(requirement)

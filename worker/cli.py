@@ -11,6 +11,7 @@ import logging
 import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from wheelhouse.errors import (
 from wheelhouse.fleet import live_workers
 from wheelhouse.recipes import check_allowed
 from wheelhouse.redisconn import connect
+from wheelhouse.sourcedir import pack_directory
 from wheelhouse.storage import open_storage
 from worker import build
 from worker.capabilities import DEFAULT_ROOTS, discover
@@ -90,7 +92,7 @@ def worker_command(config: Config, name: str | None, burst: bool,
 def parse_target(target: str) -> tuple[str, str, Path | None]:
     """``flash-attn==2.8.3`` or a local sdist path → (project, version, path or None)."""
     path = Path(target)
-    if path.exists():
+    if path.is_file():
         try:
             name, version = parse_sdist_filename(path.name)
         except InvalidSdistFilename:
@@ -129,7 +131,23 @@ def build_command(config: Config, target: str, torch_version: str, cuda: str,
                   python_version: str | None, archs: tuple[str, ...], cxx11abi: bool | None,
                   timeout: int | None, max_jobs: int | None, keep_workspace: bool,
                   verbose: bool) -> None:
-    """Build TARGET (flash-attn==2.8.3, or a local sdist) here, without Redis, and publish it."""
+    """Build TARGET (flash-attn==2.8.3, a local sdist, or a project directory) here, without
+    Redis, and publish it."""
+    with tempfile.TemporaryDirectory(prefix="wheelhouse-sdist-") as packed:
+        if Path(target).is_dir():
+            try:
+                target = str(pack_directory(Path(target), Path(packed)))
+            except WheelhouseError as exc:
+                raise click.UsageError(str(exc)) from None
+            click.echo(f"packed the directory as {Path(target).name}", err=True)
+        _build(config, target, torch_version, cuda, python_version, archs, cxx11abi, timeout,
+               max_jobs, keep_workspace, verbose)
+
+
+def _build(config: Config, target: str, torch_version: str, cuda: str,
+           python_version: str | None, archs: tuple[str, ...], cxx11abi: bool | None,
+           timeout: int | None, max_jobs: int | None, keep_workspace: bool,
+           verbose: bool) -> None:
     try:
         project, version, source = parse_target(target)
         check_allowed(config, project)
