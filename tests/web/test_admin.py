@@ -149,3 +149,41 @@ def test_an_admin_token_limited_to_a_narrowed_root_reaches_its_files_only(
     assert gone.status_code == 200 and not storage.exists(narrow.wheel_key)
     assert storage.exists(base.wheel_key)
     close_redis(app)
+
+
+def test_signing_out_ends_the_session_for_every_copy_of_its_cookie(
+        redis_url: str, tmp_path: Path, conn: Redis) -> None:
+    """A cookie copied before sign-out (another tab's, a stolen one) unyanks nothing after."""
+    app = make_app(redis_url, tmp_path)
+    with app.app_context():
+        storage = services().storage
+    wheel = make_wheel(tmp_path / "w", "demo", f"1.0+{V.local_label}")
+    publish(storage, wheel, V)
+    client = app.test_client()
+    sign_in(client, token(conn, "ops", ("admin",)))
+    form = client.get("/projects/demo").text
+    assert client.post("/projects/demo/yank", data={
+        "filename": wheel.name, "variant": V.key, "reason": "bad",
+        "csrf_token": csrf_of(form)}).status_code == 303
+    cookie = client.get_cookie("wheelhouse_session")
+    assert cookie is not None
+    copy = app.test_client()
+    copy.set_cookie("wheelhouse_session", cookie.value)
+    assert ">Unyank</button>" in copy.get("/projects/demo").text  # the copy works, for now
+    assert client.post("/logout", data={"csrf_token": csrf_of(form)}).status_code == 302
+    replayed = copy.post("/projects/demo/yank", data={
+        "filename": wheel.name, "variant": V.key, "undo": "1", "csrf_token": csrf_of(form)})
+    assert replayed.status_code == 401
+    assert 'data-yanked="bad"' in copy.get(f"/{V.key}/simple/demo/").text
+    assert [e["action"] for e in audit_entries(storage)] == ["yank"]
+    assert not conn.keys("wheelhouse:session:*")
+    close_redis(app)
+
+
+def test_the_session_cookie_is_secure_over_tls(redis_url: str, tmp_path: Path) -> None:
+    app = make_app(redis_url, tmp_path)
+    over_tls = app.test_client().get("/login", base_url="https://index.example")
+    plain = app.test_client().get("/login", base_url="http://127.0.0.1")
+    assert "Secure" in over_tls.headers["Set-Cookie"]
+    assert "Secure" not in plain.headers["Set-Cookie"]
+    close_redis(app)
