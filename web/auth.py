@@ -41,6 +41,7 @@ from werkzeug.exceptions import (
 from web.access import Windows
 from web.services import Services, services
 from wheelhouse.errors import QueueUnavailable
+from wheelhouse.queue import requester_of
 from wheelhouse.tokens import TokenInfo
 
 if TYPE_CHECKING:
@@ -209,6 +210,34 @@ def require_admin(variant_key: str | None) -> TokenInfo:
         raise Forbidden(f"token {info.name!r} may not act on {where} (it is limited to "
                         f"{', '.join(info.variants)}); name a --variant it reaches")
     return info
+
+
+def may_cancel(info: TokenInfo | None, build_id: str) -> bool:
+    """Whether ``info`` may cancel the build or split request ``build_id``: the token that
+    requested it (by name, with the ``build`` scope), or an admin token. One whose requester
+    was never recorded (made on a miss, or before requesters were kept) only an admin may."""
+    conn = services().redis
+    if info is None or conn is None:
+        return False
+    if info.allows("admin"):
+        return True
+    return info.allows("build") and requester_of(conn, build_id) == info.name
+
+
+def require_canceller() -> TokenInfo:
+    """A token that may cancel some builds: one with the ``build`` scope, or an admin's."""
+    info = current_token()
+    return require_scope("admin" if info is not None and info.allows("admin") else "build")
+
+
+def require_cancel(info: TokenInfo, build_id: str) -> None:
+    """403, saying who may, unless ``info`` may cancel ``build_id`` (:func:`may_cancel`)."""
+    if not may_cancel(info, build_id):
+        conn = services().redis
+        who = requester_of(conn, build_id) if conn is not None else None
+        by = f"token {who!r}" if who else "no recorded token"
+        raise Forbidden(f"token {info.name!r} may not cancel {build_id}: it was requested by "
+                        f"{by}; only that token or an admin token may cancel it")
 
 
 def _challenge(scheme: str) -> WWWAuthenticate:
