@@ -36,8 +36,8 @@ from wheelhouse.errors import InvalidWheel, VersionMismatch
 MAX_FILENAME_LENGTH = 255
 MAX_METADATA_BYTES = 1024 * 1024
 """The largest METADATA a wheel may hold (PEP 658 serves it, and every server process keeps
-it in memory): real ones are a few KiB, the longest READMEs a few hundred. It is read at most
-this plus one byte at a time, so a member that inflates to gigabytes is refused unread."""
+it in memory): real ones are a few KiB, the longest READMEs a few hundred. At most this plus
+one byte is ever inflated, so a member that inflates to gigabytes is refused unread."""
 _CHUNK = 1024 * 1024
 # What a wheel name can hold: PEP 427 escaped names, PEP 440 versions, and tags. packaging's
 # parser accepts any Unicode word character in names and anything at all in tags.
