@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from wheelhouse.config import Config, RateLimit, ReadAuth
-from wheelhouse.tokens import TokenInfo, lookup_digest, verify_token
+from wheelhouse.tokens import (
+    TokenInfo,
+    end_session,
+    lookup_digest,
+    session_token,
+    start_session,
+    verify_token,
+)
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -82,3 +89,16 @@ class Tokens:
     def by_digest(self, digest: str) -> TokenInfo | None:
         """The record behind a digest kept in a login session, if the token is still live."""
         return lookup_digest(self.conn, digest)
+
+    def start_session(self, digest: str, ttl_seconds: int) -> str:
+        return start_session(self.conn, digest, ttl_seconds)
+
+    def by_session(self, sid: object, digest: object) -> TokenInfo | None:
+        """The token behind a login session: only while the session lives (not signed out)
+        and was started for that token, and the token is live."""
+        if not isinstance(digest, str) or session_token(self.conn, sid) != digest:
+            return None
+        return lookup_digest(self.conn, digest)
+
+    def end_session(self, sid: object) -> None:
+        end_session(self.conn, sid)

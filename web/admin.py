@@ -29,12 +29,15 @@ _SHAPE = ('send a JSON object: {"target": "PROJECT==VERSION" or a wheel\'s file 
 def _apply(action: Action, target: Target, info: TokenInfo, reason: str) -> list[Record]:
     svc = services()
     who = f"token {info.name}"
+    # Every file's own root, not the target's: a target in a narrowed root names its base's
+    # files too, and a token limited to the narrowed root must not reach those.
+    reach = info.allows_variant
     if action is Action.YANK:
-        records = yank(svc.storage, target, who=who, reason=reason)
+        records = yank(svc.storage, target, who=who, reason=reason, reach=reach)
     elif action is Action.UNYANK:
-        records = unyank(svc.storage, target, who=who)
+        records = unyank(svc.storage, target, who=who, reach=reach)
     else:
-        records = delete(svc.storage, target, who=who, reason=reason)
+        records = delete(svc.storage, target, who=who, reason=reason, reach=reach)
     svc.catalog.refresh()  # this process's pages change at once; the others on their refresh
     return records
 

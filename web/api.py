@@ -105,7 +105,7 @@ def create_builds() -> Response:
     # Every spec of one request is of one project, so of one recipe (its split_archs default).
     recipe = svc.recipe_for(specs[0].project)
     results = submit_request(_conn(), svc.catalog, specs, recipe, split=req.split_archs,
-                             rerun_failed=rerun, torch=svc.torch)
+                             rerun_failed=rerun, torch=svc.torch, by=info.name)
     builds = []
     for r in results:
         item = _submitted(r)
@@ -217,13 +217,14 @@ def build_log(job_id: str) -> Response:
 
 @bp.post("/builds/<job_id>/cancel")
 def cancel(job_id: str) -> Response:
-    info = auth.require_scope("build")
+    info = auth.require_canceller()
     auth.rate_limit(info)
     conn = _conn()
     if is_request_id(_job_id(job_id)):
         request = load_request(conn, job_id)
         if request is None:
             raise NotFound("no such build request")
+        auth.require_cancel(info, job_id)
         cancelled = cancel_request(conn, request)
         if not cancelled:
             raise Conflict("every part of the request already ended")
@@ -232,6 +233,7 @@ def cancel(job_id: str) -> Response:
                                   "parts": cancelled, "state": state.value}))
     if get_build(conn, job_id) is None:
         raise NotFound("no such build")
+    auth.require_cancel(info, job_id)
     if not cancel_build(conn, job_id):
         raise Conflict("the build already ended")
     status = get_build(conn, job_id)

@@ -1,7 +1,10 @@
 """Who may do what: API tokens, form logins, CSRF, rate limits, optional read protection.
 
 - The API takes ``Authorization: Bearer <token>``. Forms take a login: the token is typed once
-  into ``/login`` and the session keeps only its digest, so revoking the token ends the session.
+  into ``/login`` and the session keeps only its digest, so revoking the token ends the session;
+  the session also lives in Redis (:func:`wheelhouse.tokens.start_session`), so signing out
+  ends it for every copy of the cookie. The cookie is ``Secure`` on requests that came over
+  TLS.
 - Every form POST carries a CSRF token bound to the session; API calls that authenticate with
   the session cookie instead of a Bearer token must send it as ``X-CSRF-Token``.
 - Requests that cost build hours are counted per token in Redis (fixed windows), and failed
@@ -24,7 +27,8 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
-from flask import Flask, g, request, session
+from flask import Flask, current_app, g, request, session
+from flask.sessions import SecureCookieSessionInterface
 from werkzeug.datastructures import WWWAuthenticate
 from werkzeug.exceptions import (
     BadRequest,
@@ -37,6 +41,7 @@ from werkzeug.exceptions import (
 from web.access import Windows
 from web.services import Services, services
 from wheelhouse.errors import QueueUnavailable
+from wheelhouse.queue import requester_of
 from wheelhouse.tokens import TokenInfo
 
 if TYPE_CHECKING:
@@ -55,8 +60,18 @@ def init_app(app: Flask, svc: Services) -> None:
     app.secret_key = svc.config.secret_key or _shared_secret(svc.redis)
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax",
                       SESSION_COOKIE_NAME="wheelhouse_session")
+    app.session_interface = _Sessions()
     app.before_request(_protect_reads)
     app.context_processor(lambda: {"csrf_token": csrf_token, "current_token": shown_token})
+
+
+class _Sessions(SecureCookieSessionInterface):
+    """Flask's signed cookie, ``Secure`` whenever the request came over TLS: the same server
+    may also answer plain HTTP on loopback (probes, tests), where a Secure cookie is never
+    sent back."""
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return super().get_cookie_secure(app) or request.is_secure
 
 
 def _shared_secret(conn: Redis | None) -> str:
@@ -121,9 +136,10 @@ def current_token() -> TokenInfo | None:
             if info is None:
                 failed_sign_in()
         elif isinstance(session.get("token"), str):
-            info = tokens.by_digest(session["token"])
-            if info is None:
-                session.pop("token", None)  # revoked since login
+            info = tokens.by_session(session.get("sid"), session["token"])
+            if info is None:  # signed out (this cookie may be a copy), expired or revoked
+                session.pop("token", None)
+                session.pop("sid", None)
     g.wh_token = info
     g.wh_via_session = info is not None and presented is None
     return info
@@ -196,6 +212,34 @@ def require_admin(variant_key: str | None) -> TokenInfo:
     return info
 
 
+def may_cancel(info: TokenInfo | None, build_id: str) -> bool:
+    """Whether ``info`` may cancel the build or split request ``build_id``: the token that
+    requested it (by name, with the ``build`` scope), or an admin token. One whose requester
+    was never recorded (made on a miss, or before requesters were kept) only an admin may."""
+    conn = services().redis
+    if info is None or conn is None:
+        return False
+    if info.allows("admin"):
+        return True
+    return info.allows("build") and requester_of(conn, build_id) == info.name
+
+
+def require_canceller() -> TokenInfo:
+    """A token that may cancel some builds: one with the ``build`` scope, or an admin's."""
+    info = current_token()
+    return require_scope("admin" if info is not None and info.allows("admin") else "build")
+
+
+def require_cancel(info: TokenInfo, build_id: str) -> None:
+    """403, saying who may, unless ``info`` may cancel ``build_id`` (:func:`may_cancel`)."""
+    if not may_cancel(info, build_id):
+        conn = services().redis
+        who = requester_of(conn, build_id) if conn is not None else None
+        by = f"token {who!r}" if who else "no recorded token"
+        raise Forbidden(f"token {info.name!r} may not cancel {build_id}: it was requested by "
+                        f"{by}; only that token or an admin token may cancel it")
+
+
 def _challenge(scheme: str) -> WWWAuthenticate:
     # The realm as a quoted string, as RFC 9110 (11.5) has senders write it: Werkzeug's own
     # parameters would write a bare token (realm=wheelhouse), which some clients don't take.
@@ -223,7 +267,12 @@ def check_csrf() -> None:
 
 
 def login(info: TokenInfo) -> None:
+    tokens = services().tokens
+    assert tokens is not None  # signing in needs the build queue: the form says so first
+    end_session()
     session.clear()  # a new identity gets a new CSRF token too
+    lifetime = current_app.permanent_session_lifetime.total_seconds()
+    session["sid"] = tokens.start_session(info.digest, int(lifetime))
     session["token"] = info.digest
     session["name"] = info.name
     session.permanent = True
@@ -231,8 +280,16 @@ def login(info: TokenInfo) -> None:
 
 
 def logout() -> None:
+    end_session()
     session.clear()
     g.wh_token = None
+
+
+def end_session() -> None:
+    """End this request's login session in Redis, if it has one."""
+    tokens = services().tokens
+    if tokens is not None and "sid" in session:
+        tokens.end_session(session["sid"])
 
 
 # -- rate limits and the sign-in lockout --

@@ -40,7 +40,7 @@ def build(job_id: str) -> str:
     spec = spec_of(status)
     return render_template(
         "build.html", view=view, status=status, spec=spec, log=lines,
-        can_cancel=info is not None and info.allows("build") and not status.finished,
+        can_cancel=auth.may_cancel(info, job_id) and not status.finished,
         retry_url=url_for("requestpage.request_form", **_retry_args(status.spec))
         if status.state in (BuildState.FAILED, BuildState.CANCELLED) else None,
     )
@@ -57,7 +57,7 @@ def _split_request(request_id: str) -> str:
     info = auth.current_token()
     return render_template(
         "split.html", view=view, spec=request.spec,
-        can_cancel=info is not None and info.allows("build") and not status.finished,
+        can_cancel=auth.may_cancel(info, request_id) and not status.finished,
         retry_url=url_for("requestpage.request_form", **_retry_args(request.spec.to_dict()),
                           split_archs="1")
         if status.finished and status.state is not BuildState.BUILT else None,
@@ -81,7 +81,7 @@ def _stored_log_tail(key: str) -> list[str]:
 @bp.post("/builds/<job_id>/cancel")
 def cancel(job_id: str) -> BaseResponse:
     auth.check_csrf()
-    info = auth.require_scope("build")
+    info = auth.require_canceller()
     auth.rate_limit(info)
     conn = services().redis
     if conn is None or not JOB_ID.fullmatch(job_id):
@@ -90,9 +90,11 @@ def cancel(job_id: str) -> BaseResponse:
         request = load_request(conn, job_id)
         if request is None:
             raise NotFound("no such build request")
+        auth.require_cancel(info, job_id)
         cancel_request(conn, request)
         return redirect(url_for("buildpage.build", job_id=job_id), code=303)
     if get_build(conn, job_id) is None:
         raise NotFound("no such build")
+    auth.require_cancel(info, job_id)
     cancel_build(conn, job_id)
     return redirect(url_for("buildpage.build", job_id=job_id), code=303)

@@ -28,6 +28,7 @@ from wheelhouse.queue import (
     enqueue_build,
     finished_durations,
     get_build,
+    record_requester,
 )
 from wheelhouse.recipes import Recipe
 from wheelhouse.torchindex import TorchIndex
@@ -54,8 +55,10 @@ class Submitted:
 
 
 def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
-           rerun_failed: bool = False, torch: TorchIndex | None = None) -> list[Submitted]:
-    """Enqueue each spec unless its wheel is published or its job exists.
+           rerun_failed: bool = False, torch: TorchIndex | None = None,
+           by: str | None = None) -> list[Submitted]:
+    """Enqueue each spec unless its wheel is published or its job exists; ``by`` (a token
+    name) is kept as the requester of each build this call queues (``web.auth.may_cancel``).
 
     Raises :class:`UnservableSpec` when no live worker serves them (all specs of one request
     share CUDA and CPU architecture, so that is all or none), and :class:`TorchUnavailable` when
@@ -78,6 +81,8 @@ def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
                 raise UnservableSpec(why)
             warning = torch.check(spec.torch, spec.cuda)
         done = enqueue_build(conn, spec, rerun_failed=rerun_failed)
+        if done.created and by is not None:
+            record_requester(conn, done.job_id, by)
         out.append(Submitted(spec, done.job_id, done.state.value, done.created, warning=warning))
     return out
 
@@ -129,20 +134,24 @@ def split_archs_of(spec: BuildSpec, recipe: Recipe, split: bool | None) -> tuple
 
 def submit_request(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], recipe: Recipe,
                    *, split: bool | None = None, rerun_failed: bool = False,
-                   torch: TorchIndex | None = None) -> list[Submitted | SubmittedSplit]:
+                   torch: TorchIndex | None = None,
+                   by: str | None = None) -> list[Submitted | SubmittedSplit]:
     """:func:`submit` each spec, or, where it splits (:func:`split_archs_of`), each of its
     single-arch parts, and keep the request that ties them together."""
     out: list[Submitted | SubmittedSplit] = []
     for spec in specs:
         archs = split_archs_of(spec, recipe, split)
         if not archs:
-            out.extend(submit(conn, catalog, [spec], rerun_failed=rerun_failed, torch=torch))
+            out.extend(submit(conn, catalog, [spec], rerun_failed=rerun_failed, torch=torch,
+                              by=by))
             continue
         # A request made before keeps its parts, whatever the recipe's default is now.
         request = load_request(conn, request_id(spec)) or SplitRequest.create(spec, archs)
         parts = submit(conn, catalog, request.part_specs(), rerun_failed=rerun_failed,
-                       torch=torch)
+                       torch=torch, by=by)
         kept, recorded = record_request(conn, request)
+        if recorded and by is not None:
+            record_requester(conn, kept.id, by)
         out.append(SubmittedSplit(kept, parts, recorded))
     return out
 

@@ -5,7 +5,8 @@
   answers go first: pages past a byte budget, redirects for projects we don't host past a
   count, so a flood of made-up names neither grows memory nor evicts the real pages.
 - :class:`FormatCache`: the format already negotiated for an ``Accept`` header.
-- :class:`MetadataCache`: published ``.metadata`` bodies (small, and immutable once published).
+- :class:`MetadataCache`: published ``.metadata`` bodies (small, and immutable once published),
+  least recently used first out past a count and a byte budget.
 - :class:`VersionsCache`: an upstream project's released versions, for the request form.
 
 They hold no reference to Flask: the app factory makes one of each for :class:`Services`.
@@ -150,20 +151,41 @@ class FormatCache:
 
 
 class MetadataCache:
-    """``.metadata`` bodies by storage key."""
+    """``.metadata`` bodies by storage key, least recently used first out past ``max_items``
+    bodies or ``max_bytes`` of them; a body larger than ``max_bytes`` alone is served but not
+    kept. (Publishing caps METADATA at ``MAX_METADATA_BYTES``; one stored before that cap must
+    not pin a worker's memory either.)"""
 
     MAX = 8192
+    MAX_BYTES = 64 * 1024 * 1024
 
-    def __init__(self) -> None:
-        self._bodies: dict[str, bytes] = {}
+    def __init__(self, *, max_items: int = MAX, max_bytes: int = MAX_BYTES) -> None:
+        self._lock = threading.Lock()
+        self.max_items = max_items
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._bodies: OrderedDict[str, bytes] = OrderedDict()
 
     def get(self, key: str) -> bytes | None:
-        return self._bodies.get(key)
+        with self._lock:
+            body = self._bodies.get(key)
+            if body is not None:
+                self._bodies.move_to_end(key)
+            return body
 
     def put(self, key: str, body: bytes) -> None:
-        if len(self._bodies) >= self.MAX:
-            self._bodies.clear()
-        self._bodies[key] = body
+        if len(body) > self.max_bytes:
+            return
+        with self._lock:
+            old = self._bodies.pop(key, None)
+            self.bytes += len(body) - (len(old) if old is not None else 0)
+            self._bodies[key] = body
+            while len(self._bodies) > self.max_items or self.bytes > self.max_bytes:
+                _, gone = self._bodies.popitem(last=False)
+                self.bytes -= len(gone)
+
+    def __len__(self) -> int:
+        return len(self._bodies)
 
 
 class VersionsCache:

@@ -120,7 +120,7 @@ def request_submit() -> BaseResponse | tuple[str, int]:
             recipe = svc.recipe_for(req.specs[0].project)
             submitted = submit_request(svc.redis, svc.catalog, req.specs, recipe,
                                        split=req.split_archs, rerun_failed=rerun,
-                                       torch=svc.torch)
+                                       torch=svc.torch, by=info.name)
         except UnservableSpec as exc:
             req.errors["cuda"] = str(exc)
         except TorchUnavailable as exc:

@@ -21,6 +21,7 @@ from web.services import services
 from wheelhouse.errors import InvalidUpload, UploadTooLarge
 from wheelhouse.ownership import Publisher
 from wheelhouse.upload import accept
+from wheelhouse.uploadchecks import check_text
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import MAX_FILENAME_LENGTH
 
@@ -50,8 +51,10 @@ def upload(variant_key: str) -> Response:
     if not isinstance(content, FileStorage) or not content.filename:
         raise InvalidUpload("the upload has no file: send it as the multipart field 'content' "
                             "(twine upload, uv publish)")
-    filename = Path(content.filename).name[:MAX_FILENAME_LENGTH + 1]
     fields = {k: v for k, v in request.form.items() if isinstance(v, str)}
+    # Before the name becomes a path: a NUL in it would be an OSError, not a refusal.
+    check_text(fields, content.filename)
+    filename = Path(content.filename).name[:MAX_FILENAME_LENGTH + 1]
     with tempfile.TemporaryDirectory(prefix="wheelhouse-upload-") as tmp:
         path = Path(tmp) / (filename or "upload")
         content.save(path)

@@ -59,6 +59,10 @@ class NothingPublished(WheelhouseError, LookupError):
     """A yank, unyank or delete names no published file."""
 
 
+class OutOfReach(WheelhouseError, PermissionError):
+    """A yank, unyank or delete names a file in a root the caller's token does not reach."""
+
+
 class InvalidBuildSpec(WheelhouseError, ValueError):
     """A build request that names unknown or malformed values."""
 

@@ -18,7 +18,7 @@ import getpass
 import json
 import socket
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -26,7 +26,7 @@ from enum import StrEnum
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from wheelhouse.errors import InvalidTarget, NothingPublished
+from wheelhouse.errors import InvalidTarget, NothingPublished, OutOfReach
 from wheelhouse.layout import (
     AUDIT,
     RECORDS,
@@ -95,9 +95,19 @@ class Target:
         return what + (f" in {self.variant.key}" if self.variant else "")
 
 
-def find(storage: Storage, target: Target) -> list[Record]:
+#: Whether the caller may change files in the root of this exact variant key (an admin
+#: token's ``TokenInfo.allows_variant``); None: every root (the operator's CLI).
+Reach = Callable[[str], bool]
+
+
+def find(storage: Storage, target: Target, *, reach: Reach | None = None,
+         who: str = "") -> list[Record]:
     """The published records ``target`` names (read from storage, not a catalog: the CLI
-    has none, and a change must act on what is stored now)."""
+    has none, and a change must act on what is stored now).
+
+    A target names files by their base root, so one named in a narrowed root matches the
+    base's files too: each file's own variant key must be within ``reach``, or
+    :class:`OutOfReach` is raised before anything changes."""
     prefixes = ([f"{RECORDS}{target.variant.base.key}/{target.project}/"]
                 if target.variant is not None else [RECORDS])
     out = []
@@ -121,12 +131,18 @@ def find(storage: Storage, target: Target) -> list[Record]:
     out += [r for r in forms if (r.variant.base.key, r.variant_of) in sources]
     if not out:
         raise NothingPublished(f"nothing published matches {target}")
+    beyond = sorted({r.variant.key for r in out if reach is not None and not reach(r.variant.key)})
+    if beyond:
+        raise OutOfReach(f"{who or 'this caller'} may not change files in {', '.join(beyond)}, "
+                         f"which {target} names; nothing was changed (name a file of a root "
+                         "it reaches)")
     return sorted(out, key=lambda r: (r.variant.key, r.filename))
 
 
-def yank(storage: Storage, target: Target, *, who: str, reason: str = "") -> list[Record]:
+def yank(storage: Storage, target: Target, *, who: str, reason: str = "",
+         reach: Reach | None = None) -> list[Record]:
     """Mark every file ``target`` names as yanked (again, with this reason, if it was)."""
-    records = find(storage, target)
+    records = find(storage, target, reach=reach, who=who)
     marker = json.dumps({"reason": reason, "by": who, "at": _now()}).encode()
     for r in records:
         storage.put_bytes(yank_key(r.key), marker)
@@ -134,19 +150,21 @@ def yank(storage: Storage, target: Target, *, who: str, reason: str = "") -> lis
     return records
 
 
-def unyank(storage: Storage, target: Target, *, who: str) -> list[Record]:
+def unyank(storage: Storage, target: Target, *, who: str,
+           reach: Reach | None = None) -> list[Record]:
     """List every file ``target`` names as installable again."""
-    records = find(storage, target)
+    records = find(storage, target, reach=reach, who=who)
     for r in records:
         _delete_quietly(storage, yank_key(r.key))
     _done(storage, Action.UNYANK, records, who, "")
     return records
 
 
-def delete(storage: Storage, target: Target, *, who: str, reason: str = "") -> list[Record]:
+def delete(storage: Storage, target: Target, *, who: str, reason: str = "",
+           reach: Reach | None = None) -> list[Record]:
     """Remove every file ``target`` names: the record first, so nothing is listed whose
     bytes are going."""
-    records = find(storage, target)
+    records = find(storage, target, reach=reach, who=who)
     for r in records:
         _delete_quietly(storage, r.key)
     bump_generation(storage)  # unlisted now, before the bytes go

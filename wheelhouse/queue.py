@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 LOG_PREFIX = "wheelhouse:log:"
 LOG_COUNT_PREFIX = "wheelhouse:logn:"
 CANCEL_PREFIX = "wheelhouse:cancel:"
+#: The token name that requested a build or a split request (``record_requester``).
+REQUESTER_PREFIX = "wheelhouse:requester:"
 #: Lines of live log kept in Redis per build; the full log goes to storage.
 LOG_KEEP = 2000
 #: How long results, failures and logs stay in Redis.
@@ -161,7 +163,8 @@ def enqueue_build(
         if not (rerun_failed and state in (BuildState.FAILED, BuildState.CANCELLED)):
             return Enqueued(job_id, state, created=False)
         existing.delete()
-        conn.delete(LOG_PREFIX + job_id, LOG_COUNT_PREFIX + job_id, CANCEL_PREFIX + job_id)
+        conn.delete(LOG_PREFIX + job_id, LOG_COUNT_PREFIX + job_id, CANCEL_PREFIX + job_id,
+                    REQUESTER_PREFIX + job_id)
     queue = Queue(spec.queue_name, connection=conn, job_class=BuildJob, serializer=SERIALIZER)
     try:
         queue.enqueue(
@@ -228,6 +231,21 @@ def cancel_build(conn: Redis, job_id: str) -> bool:
         conn.set(CANCEL_PREFIX + job_id, str(time.time()), ex=KEEP_SECONDS)
         return True
     return False
+
+
+def record_requester(conn: Redis, build_id: str, name: str) -> None:
+    """Keep who requested the build (or split request) ``build_id``, as long as the build is
+    kept; the first requester stays (a later request of the same spec joins that build)."""
+    conn.set(REQUESTER_PREFIX + build_id, name, nx=True, ex=KEEP_SECONDS)
+
+
+def requester_of(conn: Redis, build_id: str) -> str | None:
+    """The token name that requested ``build_id``; None where none was recorded (a build made
+    on a miss, or before requesters were kept)."""
+    raw = conn.get(REQUESTER_PREFIX + build_id)
+    if raw is None:
+        return None
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
 def cancel_requested(conn: Redis, job_id: str) -> bool:

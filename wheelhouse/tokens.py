@@ -11,6 +11,10 @@ token, listing tokens and revoking one by name all read that hash and nothing el
 token that authenticates is always listed and revocable (also one written into Redis by
 hand); a record whose name or scopes don't validate authenticates nothing and is not listed.
 
+A form login is a session in Redis too: ``wheelhouse:session:<sha256 of the session id>`` ->
+the token's digest, expiring with the cookie; the (signed) cookie holds the id. Signing out
+deletes the key, so a copy of the cookie kept from before no longer signs anyone in.
+
 Tokens of the format before this one (``wheelhouse:token:<digest>`` keys with a
 ``wheelhouse:token-name:<name>`` index) no longer authenticate: create them anew.
 """
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
     from redis.client import Pipeline
 
 TOKENS_KEY = "wheelhouse:tokens"
+SESSION_PREFIX = "wheelhouse:session:"
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}")
 #: Keys of the earlier format, which no longer authenticate (see the module's docstring).
 LEGACY_PATTERNS: tuple[str, ...] = ("wheelhouse:token:*", "wheelhouse:token-name:*")
 #: What a token may do. ``build`` requests and cancels builds; ``read`` reads a private index;
@@ -224,3 +230,26 @@ def legacy_token_keys(conn: Redis) -> int:
     """How many keys of the earlier token format are left in Redis (they authenticate nothing)."""
     return sum(1 for pattern in LEGACY_PATTERNS
                for _ in conn.scan_iter(match=pattern, count=500))
+
+
+def start_session(conn: Redis, token_digest: str, ttl_seconds: int) -> str:
+    """A new login session for the token with this digest; its id, for the cookie."""
+    sid = secrets.token_urlsafe(32)
+    conn.set(SESSION_PREFIX + digest(sid), token_digest, ex=max(1, ttl_seconds))
+    return sid
+
+
+def session_token(conn: Redis, sid: object) -> str | None:
+    """The token digest a live session was started for; None once it ended or expired."""
+    if not isinstance(sid, str) or not _SESSION_ID.fullmatch(sid):
+        return None
+    raw = conn.get(SESSION_PREFIX + digest(sid))
+    if raw is None:
+        return None
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def end_session(conn: Redis, sid: object) -> None:
+    """End a login session (signing out): its cookie no longer signs anyone in."""
+    if isinstance(sid, str) and _SESSION_ID.fullmatch(sid):
+        conn.delete(SESSION_PREFIX + digest(sid))

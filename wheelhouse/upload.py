@@ -23,6 +23,7 @@ from wheelhouse.errors import InvalidUpload, InvalidWheel
 from wheelhouse.ownership import Publisher, admit
 from wheelhouse.publish import publish
 from wheelhouse.storage import Storage
+from wheelhouse.uploadchecks import check_upload
 from wheelhouse.variants import Variant
 from wheelhouse.wheels import parse_name
 
@@ -104,6 +105,7 @@ def accept(storage: Storage, config: Config, variant: Variant, fields: Mapping[s
             raise InvalidUpload(f"{path.name}: the version field {sent_version[:40]!r} is not "
                                 f"the wheel's version {name.version}")
     check_digests(fields, path)
+    check_upload(fields, path, name, config)
     if name.version.local != variant.local_label and not config.upload_relabel:
         raise InvalidUpload(_label_problem(name.version, variant, path.name))
     admit(storage, config, name.project, publisher, variant, recipe=name.project in recipes)

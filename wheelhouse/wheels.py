@@ -15,11 +15,13 @@ import shutil
 import stat
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.parser import BytesParser
 from pathlib import Path
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.tags import Tag, parse_tag
 from packaging.utils import (
     InvalidWheelFilename,
@@ -32,6 +34,10 @@ from packaging.version import InvalidVersion, Version
 from wheelhouse.errors import InvalidWheel, VersionMismatch
 
 MAX_FILENAME_LENGTH = 255
+MAX_METADATA_BYTES = 1024 * 1024
+"""The largest METADATA a wheel may hold (PEP 658 serves it, and every server process keeps
+it in memory): real ones are a few KiB, the longest READMEs a few hundred. At most this plus
+one byte is ever inflated, so a member that inflates to gigabytes is refused unread."""
 _CHUNK = 1024 * 1024
 # What a wheel name can hold: PEP 427 escaped names, PEP 440 versions, and tags. packaging's
 # parser accepts any Unicode word character in names and anything at all in tags.
@@ -109,12 +115,35 @@ def _dist_info_dir(zf: zipfile.ZipFile) -> str:
 
 
 def read_metadata(path: Path) -> bytes:
-    """The wheel's ``.dist-info/METADATA``, byte for byte (what PEP 658 serves)."""
+    """The wheel's ``.dist-info/METADATA``, byte for byte (what PEP 658 serves), at most
+    :data:`MAX_METADATA_BYTES`."""
     try:
         with zipfile.ZipFile(path) as zf:
-            return zf.read(f"{_dist_info_dir(zf)}/METADATA")
-    except (zipfile.BadZipFile, KeyError) as exc:
+            info_dir = _dist_info_dir(zf)
+            try:
+                return _read_metadata_member(zf, info_dir)
+            except InvalidWheel as exc:
+                raise InvalidWheel(f"{path.name}: {exc}") from None
+    except (zipfile.BadZipFile, zlib.error, KeyError, EOFError) as exc:
         raise InvalidWheel(f"{path.name}: not a readable wheel ({exc})") from None
+
+
+def _read_metadata_member(zf: zipfile.ZipFile, info_dir: str) -> bytes:
+    return _read_capped(zf, f"{info_dir}/METADATA", MAX_METADATA_BYTES)
+
+
+def _read_capped(zf: zipfile.ZipFile, member: str, cap: int) -> bytes:
+    """A member read into memory, refused past ``cap`` bytes whatever its header claims: the
+    declared size is checked first, and the read stops one byte past the cap."""
+    info = zf.getinfo(member)
+    too_big = InvalidWheel(f"{member.rpartition('/')[2]} is larger than {cap // 1024} KiB")
+    if info.file_size > cap:
+        raise too_big
+    with zf.open(info) as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise too_big
+    return data
 
 
 @dataclass(frozen=True)
@@ -128,11 +157,21 @@ def parse_metadata(data: bytes) -> CoreMetadata:
     msg = BytesParser().parsebytes(data, headersonly=True)
     if not msg["Name"]:
         raise InvalidWheel("METADATA is malformed: it has no Name")
+    raw = msg["Requires-Python"]
+    requires_python = None if raw is None else str(raw)
+    if requires_python is not None:
+        # Pages serve it as data-requires-python, which installers parse for every file of
+        # the project: one that does not parse must not get that far.
+        try:
+            SpecifierSet(requires_python)
+        except InvalidSpecifier:
+            raise InvalidWheel(f"METADATA is malformed: Requires-Python "
+                               f"{requires_python[:80]!r} is no version specifier") from None
     try:
         return CoreMetadata(
             name=str(msg["Name"]),
             version=Version(str(msg["Version"])),
-            requires_python=msg["Requires-Python"],
+            requires_python=requires_python,
         )
     except InvalidVersion as exc:  # a missing Version header reads as "None"
         raise InvalidWheel(f"METADATA is malformed: {exc}") from None
@@ -343,12 +382,16 @@ RECORD_HASHES = frozenset({"sha256", "sha384", "sha512"})
 MAX_UNPACKED_BYTES = 32 * 1024**3
 """The most a wheel may unpack to before validation refuses to read it through."""
 _SIGNATURES = ("RECORD.jws", "RECORD.p7s")
+# What validation reads whole into memory, besides METADATA: WHEEL is a few headers; RECORD a
+# line per file (torch's, some 20,000 files, is under 3 MiB).
+_MAX_WHEEL_FILE = 64 * 1024
+_MAX_RECORD = 64 * 1024 * 1024
 
 
 def validate_wheel(
     path: Path, expected_name: str, expected_version: Version,
     accepts_tags: Callable[[frozenset[Tag]], bool], *,
-    max_unpacked_bytes: int = MAX_UNPACKED_BYTES,
+    max_unpacked_bytes: int = MAX_UNPACKED_BYTES, relabelling: bool = False,
 ) -> WheelName:
     """Check a built wheel before it is published; raise :class:`InvalidWheel` with one line.
 
@@ -357,7 +400,9 @@ def validate_wheel(
     backslashes, links or devices, no name twice); RECORD must list every member with a
     matching hash and size; METADATA's name and version and WHEEL's tags must agree with the
     file name; and the file name must be the expected project and version with tags that
-    ``accepts_tags`` (e.g. ``BuildSpec.tags_match``) accepts.
+    ``accepts_tags`` (e.g. ``BuildSpec.tags_match``) accepts. With ``relabelling`` (the wheel
+    is about to go through :func:`relabel`, which rewrites them) METADATA and the
+    ``.dist-info`` need only carry the file name's public version.
     """
     name = parse_name(path.name)
     where = name.filename
@@ -373,15 +418,22 @@ def validate_wheel(
         raise InvalidWheel(f"{where}: not a regular file")
     try:
         with zipfile.ZipFile(path) as zf:
-            _validate_contents(zf, name, max_unpacked_bytes)
-    except zipfile.BadZipFile as exc:
+            _validate_contents(zf, name, max_unpacked_bytes, relabelling)
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:  # a corrupt deflate stream
         raise InvalidWheel(f"{where}: not a well-formed zip ({' '.join(str(exc).split())})"
                            ) from None
     return name
 
 
-def _validate_contents(zf: zipfile.ZipFile, name: WheelName, max_unpacked: int) -> None:
+def _validate_contents(zf: zipfile.ZipFile, name: WheelName, max_unpacked: int,
+                       relabelling: bool) -> None:
     where = name.filename
+
+    def same(version: Version | None) -> bool:
+        if relabelling:
+            return version is not None and version.public == name.version.public
+        return version == name.version
+
     infos = zf.infolist()
     seen: set[str] = set()
     for info in infos:
@@ -406,20 +458,23 @@ def _validate_contents(zf: zipfile.ZipFile, name: WheelName, max_unpacked: int) 
         dir_version = Version(version)
     except InvalidVersion:
         dir_version = None
-    if canonicalize_name(dist) != name.project or dir_version != name.version:
+    if canonicalize_name(dist) != name.project or not same(dir_version):
         raise InvalidWheel(f"{where}: its .dist-info directory {info_dir[:120]!r} names "
                            "another project or version")
     try:
-        meta = parse_metadata(zf.read(f"{info_dir}/METADATA"))
-        wheel = BytesParser().parsebytes(zf.read(f"{info_dir}/WHEEL"), headersonly=True)
-        record = zf.read(f"{info_dir}/RECORD").decode("utf-8")
+        meta = parse_metadata(_read_metadata_member(zf, info_dir))
+        wheel = BytesParser().parsebytes(_read_capped(zf, f"{info_dir}/WHEEL", _MAX_WHEEL_FILE),
+                                         headersonly=True)
+        record = _read_capped(zf, f"{info_dir}/RECORD", _MAX_RECORD).decode("utf-8")
     except KeyError as exc:
         raise InvalidWheel(f"{where}: {exc.args[0]}") from None
+    except InvalidWheel as exc:  # a member too large, METADATA malformed: one line, named
+        raise InvalidWheel(f"{where}: {exc}") from None
     except UnicodeDecodeError:
         raise InvalidWheel(f"{where}: RECORD is not UTF-8") from None
     if canonicalize_name(meta.name) != name.project:
         raise InvalidWheel(f"{where}: METADATA names project {meta.name[:80]!r}")
-    if meta.version != name.version:
+    if not same(meta.version):
         raise VersionMismatch(f"{where}: METADATA says version {meta.version}, the file name "
                               f"{name.version}")
     if not str(wheel.get("Wheel-Version", "")).startswith("1."):
@@ -431,7 +486,19 @@ def _validate_contents(zf: zipfile.ZipFile, name: WheelName, max_unpacked: int) 
     if wheel_tags != set(name.tags):
         tags = ", ".join(sorted(str(t) for t in wheel_tags)) or "none"
         raise InvalidWheel(f"{where}: WHEEL says tags {tags}, the file name does not")
+    _check_installed_dist_info(where, infos)
     _check_record(zf, where, info_dir, record)
+
+
+def _check_installed_dist_info(where: str, infos: list[zipfile.ZipInfo]) -> None:
+    """Refuse a ``.dist-info`` that installing would put into site-packages beside the wheel's
+    own (under ``<name>.data/purelib/`` or ``platlib/``): it would pose as another project,
+    installed, to every installer and ``importlib.metadata``."""
+    for info in infos:
+        parts = info.filename.split("/")
+        if len(parts) > 2 and parts[0].endswith(".data") and parts[2].endswith(".dist-info"):
+            raise InvalidWheel(f"{where}: {info.filename[:120]!r} would install the "
+                               ".dist-info of another project")
 
 
 def _check_member_name(where: str, member: str) -> None:

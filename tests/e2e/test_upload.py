@@ -9,11 +9,13 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
+import psutil
 import pytest
 import requests
 from redis import Redis
@@ -23,6 +25,7 @@ from tests.helpers import (
     QuietHandler,
     clean_env,
     make_wheel,
+    metadata_bomb,
     run_console,
     serve_http,
     start_index,
@@ -321,3 +324,115 @@ def test_never_shadows_what_it_owns_nor_hides_what_it_does_not(server: Server,
                         timeout=30)
     assert kept.status_code == 404 and "does not send up-private to the public upstream" \
         in kept.text
+
+
+# -- hostile uploads: the build's checks, through the real server --
+
+
+def _rezip(wheel: Path, edit: Callable[[dict[str, bytes]], dict[str, bytes]]) -> Path:
+    """``wheel`` rewritten with its members edited, RECORD left as it was."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in edit(members).items():
+            zf.writestr(name, data)
+    return wheel
+
+
+def _dist(project: str) -> str:
+    return f"{project.replace('-', '_')}-1.0+{LABEL}"
+
+
+Hostile = Callable[[Path, str], Path]
+HOSTILE: list[tuple[str, Hostile, str]] = [
+    ("no-record", lambda t, p: _rezip(make_wheel(t, p, f"1.0+{LABEL}"), lambda ms: {
+        n: d for n, d in ms.items() if not n.endswith("/RECORD")}), "RECORD"),
+    ("record-mismatch", lambda t, p: _rezip(make_wheel(t, p, f"1.0+{LABEL}"), lambda ms: {
+        **ms, f"{p.replace('-', '_')}/__init__.py": b"import os\n"}),
+     "does not match its RECORD hash"),
+    ("absolute-member", lambda t, p: make_wheel(t, p, f"1.0+{LABEL}", files={
+        "/etc/evil.py": b"x"}), "escapes the install tree"),
+    ("dotdot-member", lambda t, p: make_wheel(t, p, f"1.0+{LABEL}", files={
+        "pkg/../../evil.py": b"x"}), "escapes the install tree"),
+    ("other-dist-info", lambda t, p: make_wheel(t, p, f"1.0+{LABEL}", files={
+        "other-1.0.dist-info/METADATA": b"Name: other\nVersion: 1.0\n"}),
+     "exactly one .dist-info"),
+    ("dist-info-via-data", lambda t, p: make_wheel(t, p, f"1.0+{LABEL}", files={
+        f"{_dist(p)}.data/purelib/other-9.0.dist-info/METADATA": b"Name: other\n"}),
+     "would install the .dist-info of another project"),
+    ("unlisted-pth", lambda t, p: _rezip(make_wheel(t, p, f"1.0+{LABEL}"), lambda ms: {
+        **ms, "evil.pth": b"import os; os.system('id')\n"}), "'evil.pth' is not in RECORD"),
+    ("requires-python", lambda t, p: make_wheel(t, p, f"1.0+{LABEL}",
+                                                requires_python=">=3.8,banana"),
+     "is no version specifier"),
+    # Under the unpacked cap (20 times WHEELHOUSE_UPLOAD_MAX_MIB=1): the METADATA cap refuses it.
+    ("metadata-bomb-16MiB", lambda t, p: metadata_bomb(t, p, f"1.0+{LABEL}", 16 << 20),
+     "METADATA is larger than 1024 KiB"),
+    ("metadata-bomb-400MiB", lambda t, p: metadata_bomb(t, p, f"1.0+{LABEL}", 400 << 20),
+     "MiB allowed"),
+    ("metadata-bomb-lying", lambda t, p: metadata_bomb(t, p, f"1.0+{LABEL}", 400 << 20,
+                                                       declared=100), "Bad CRC-32"),
+]
+
+
+def _peaks(server: Server) -> dict[int, int]:
+    """Each gunicorn worker's peak resident memory (VmHWM), in bytes, by pid."""
+    out = {}
+    for proc in psutil.Process(server.url.proc.pid).children(recursive=True):
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))
+        out[proc.pid] = int(kib) * 1024
+    return out
+
+
+def _stored(server: Server, project: str) -> list[str]:
+    dist = project.replace("-", "_")
+    return [o.key for o in open_storage(server.config).list("")
+            if project in o.key or dist in o.key]
+
+
+@pytest.mark.parametrize(("kind", "make", "says"), HOSTILE, ids=[i for i, _, _ in HOSTILE])
+def test_hostile_wheels_are_refused_and_nothing_is_stored(
+        server: Server, tmp_path: Path, kind: str, make: Hostile, says: str) -> None:
+    """Uploads get the checks a built wheel gets; the METADATA bombs (~400 KiB, inflating to
+    16 or 400 MiB) are refused without any worker inflating them."""
+    project = f"up-hostile-{kind}".lower()
+    wheel = make(tmp_path, project)
+    assert wheel.stat().st_size < 1 << 20
+    before = _peaks(server)
+    refused = _post(server, wheel)
+    after = _peaks(server)
+    growth = max(after[pid] - peak for pid, peak in before.items() if pid in after)
+    assert growth < 50 << 20, f"a worker's peak memory grew by {growth >> 20} MiB"
+    assert refused.status_code == 400, refused.text
+    assert says in refused.text and wheel.name in refused.text
+    assert _files(server, project) == {}
+    assert _stored(server, project) == []
+
+
+@pytest.mark.parametrize(("filename", "fields", "says"), [
+    (f"up_text-1.0+{LABEL}-py3-none-any.whl\x00.txt", {}, "file name"),
+    (None, {"description": "fine\n\tREADME\x00"}, "'description' holds a control character"),
+    (None, {"summary": "\x1b[31mred"}, "'summary' holds a control character"),
+    (None, {"comment\x01": "x"}, "holds a control character in its name"),
+])
+def test_control_characters_in_fields_or_the_file_name_are_refused(
+        server: Server, tmp_path: Path, filename: str | None, fields: dict[str, str],
+        says: str) -> None:
+    wheel = make_wheel(tmp_path, "up-text", f"1.0+{LABEL}")
+    data = {":action": "file_upload",
+            "sha256_digest": hashlib.sha256(wheel.read_bytes()).hexdigest(), **fields}
+    resp = requests.post(f"{server.url}/{VARIANT}/", auth=("__token__", server.tokens["upload"]),
+                         files={"content": (filename or wheel.name, wheel.read_bytes())},
+                         data=data, timeout=30)
+    assert resp.status_code == 400 and says in resp.text
+    assert _files(server, "up-text") == {}
+    assert _stored(server, "up-text") == []
+
+
+def test_a_description_with_line_breaks_and_tabs_is_taken(server: Server,
+                                                          tmp_path: Path) -> None:
+    wheel = make_wheel(tmp_path, "up-readme", f"1.0+{LABEL}")
+    ok = _post(server, wheel, description="# Title\r\n\n\tcode\n", summary="plain")
+    assert ok.status_code == 200, ok.text
+    assert _files(server, "up-readme") == {wheel.name: False}

@@ -28,12 +28,13 @@ from tests.helpers.processes import (
     start_index,
 )
 from tests.helpers.tls import TLSFiles, make_tls_certs
-from tests.helpers.wheels import SDIST_CACHE, make_wheel, pypi_sdist
+from tests.helpers.wheels import SDIST_CACHE, make_wheel, metadata_bomb, pypi_sdist
 
 __all__ = [
     "HOST_NETWORK_ENV", "MINIMAL_PATH", "SDIST_CACHE", "IndexURL", "Listener", "QuietHandler",
     "RedisProcess", "TLSFiles", "build_job", "clean_env", "config_env", "console_script",
     "fake_cuda_toolkit", "free_port", "host_addresses", "make_tls_certs", "make_venv",
-    "make_wheel", "plant_job", "pypi_sdist", "run_console", "run_worker", "serve_http",
+    "make_wheel", "metadata_bomb", "plant_job", "pypi_sdist", "run_console", "run_worker",
+    "serve_http",
     "start_index", "wait_for_port", "wait_until",
 ]

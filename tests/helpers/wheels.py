@@ -9,12 +9,6 @@ import io
 import os
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-
-    pass
-
 
 
 def make_wheel(
@@ -67,6 +61,64 @@ def make_wheel(
         for arc, data in members.items():
             zf.writestr(arc, data)
     return wheel
+
+
+def metadata_bomb(directory: Path, name: str, version: str, size: int, *,
+                  declared: int | None = None) -> Path:
+    """A wheel whose METADATA is ``size`` bytes (its headers, then zeros: deflate shrinks them
+    about a thousand times), with a RECORD that matches, written without ever holding it in
+    memory. ``declared`` is the size its central directory then claims instead (a lie)."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    head = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n".encode()
+    chunk = bytes(1 << 20)
+    directory.mkdir(parents=True, exist_ok=True)
+    wheel = directory / f"{dist}-{version}-py3-none-any.whl"
+    small = {
+        f"{dist}/__init__.py": b"",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    h = hashlib.sha256(head)
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for arc, data in small.items():
+            zf.writestr(arc, data)
+        member = zipfile.ZipInfo(f"{info}/METADATA")
+        member.compress_type = zipfile.ZIP_DEFLATED
+        with zf.open(member, "w") as f:
+            f.write(head)
+            left = size - len(head)
+            while left > 0:
+                part = chunk[:min(left, len(chunk))]
+                f.write(part)
+                h.update(part)
+                left -= len(part)
+        rows = [(arc, _digest(hashlib.sha256(data)), len(data)) for arc, data in small.items()]
+        rows += [(f"{info}/METADATA", _digest(h), size), (f"{info}/RECORD", "", "")]
+        record = io.StringIO()
+        csv.writer(record, lineterminator="\n").writerows(rows)
+        zf.writestr(f"{info}/RECORD", record.getvalue())
+    if declared is not None:
+        _declare_size(wheel, f"{info}/METADATA", declared)
+    return wheel
+
+
+def _digest(h: hashlib._Hash) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
+
+
+def _declare_size(wheel: Path, member: str, size: int) -> None:
+    """Make the central directory say ``member`` inflates to ``size`` bytes (what readers
+    trust), whatever its data does."""
+    data = bytearray(wheel.read_bytes())
+    entry = data.find(b"PK\x01\x02")
+    while entry != -1:
+        name_length = int.from_bytes(data[entry + 28:entry + 30], "little")
+        if data[entry + 46:entry + 46 + name_length] == member.encode():
+            data[entry + 24:entry + 28] = size.to_bytes(4, "little")
+            wheel.write_bytes(bytes(data))
+            return
+        entry = data.find(b"PK\x01\x02", entry + 4)
+    raise LookupError(f"{member} is not in {wheel.name}'s central directory")
 
 
 SDIST_CACHE = Path(os.environ.get(

@@ -428,3 +428,49 @@ def test_behind_a_proxy_the_lockout_counts_per_forwarded_client(
     csrf = csrf_of(other.get("/login").text)
     resp = other.post("/login", data={"token": "whk_guess", "csrf_token": csrf})
     assert resp.status_code == (429 if locked_out else 401)
+
+
+def test_only_the_requester_or_an_admin_cancels_a_build(fleet_client: FlaskClient,
+                                                        conn: Redis) -> None:
+    """A build token cancels the builds it requested, not another token's; an admin token
+    cancels any; a build nobody's token requested (made on a miss) only an admin."""
+    alice, bob = token(conn, "alice", ("build",)), token(conn, "bob", ("build",))
+    ops = token(conn, "ops", ("admin",))
+    [b] = fleet_client.post("/api/builds", json=GOOD, headers=bearer(alice)).json["builds"]
+    refused = fleet_client.post(f"/api/builds/{b['id']}/cancel", headers=bearer(bob))
+    assert refused.status_code == 403 and "requested by token 'alice'" in refused.json["error"]
+    csrf = sign_in(fleet_client, bob)
+    page = fleet_client.get(f"/builds/{b['id']}").text
+    assert "/cancel" not in page  # no button for what it may not cancel
+    form = fleet_client.post(f"/builds/{b['id']}/cancel", data={"csrf_token": csrf})
+    assert form.status_code == 403
+    assert fleet_client.get(f"/api/builds/{b['id']}").json["state"] == "queued"
+    # The same spec asked again by bob joins alice's build: it stays hers.
+    [same] = fleet_client.post("/api/builds", json=GOOD, headers=bearer(bob)).json["builds"]
+    assert same["id"] == b["id"] and not same["created"]
+    assert fleet_client.post(f"/api/builds/{b['id']}/cancel",
+                             headers=bearer(bob)).status_code == 403
+    done = fleet_client.post(f"/api/builds/{b['id']}/cancel", headers=bearer(alice))
+    assert done.status_code == 200
+    assert fleet_client.get(f"/api/builds/{b['id']}").json["state"] == "cancelled"
+    # Rerun by bob: now bob's; an admin cancels it all the same.
+    [again] = fleet_client.post("/api/builds", json={**GOOD, "rerun_failed": True},
+                                headers=bearer(bob)).json["builds"]
+    assert again["created"]
+    assert fleet_client.post(f"/api/builds/{b['id']}/cancel",
+                             headers=bearer(alice)).status_code == 403
+    by_admin = fleet_client.post(f"/api/builds/{b['id']}/cancel", headers=bearer(ops))
+    assert by_admin.status_code == 200
+    assert fleet_client.get(f"/api/builds/{b['id']}").json["state"] == "cancelled"
+
+
+def test_a_build_with_no_recorded_requester_is_an_admins_to_cancel(
+        fleet_client: FlaskClient, conn: Redis) -> None:
+    [b] = fleet_client.post("/api/builds", json=GOOD,
+                            headers=bearer(token(conn, "alice"))).json["builds"]
+    conn.delete(f"wheelhouse:requester:{b['id']}")  # as for a build made on a miss
+    other = fleet_client.post(f"/api/builds/{b['id']}/cancel", headers=bearer(token(conn, "bob")))
+    assert other.status_code == 403 and "no recorded token" in other.json["error"]
+    ops = fleet_client.post(f"/api/builds/{b['id']}/cancel",
+                            headers=bearer(token(conn, "ops", ("admin",))))
+    assert ops.status_code == 200

@@ -10,7 +10,7 @@ from flask.testing import FlaskClient
 from tests.helpers import make_wheel
 from tests.web.conftest import VARIANT
 from web import create_app
-from web.caches import Page, PageCache
+from web.caches import MetadataCache, Page, PageCache
 from web.services import services
 from wheelhouse.config import Config
 from wheelhouse.publish import publish
@@ -83,3 +83,42 @@ def test_a_flood_of_unknown_projects_keeps_the_cache_bounded(flooded: FlaskClien
     assert len(cache) <= bound + 1
     assert cache.bytes < 4 * 1024 * 1024
     assert cache.get(generation, hosted) is not None  # the real page outlived the flood
+
+
+def test_metadata_bodies_are_kept_within_a_byte_budget_least_recently_used_first() -> None:
+    cache = MetadataCache(max_items=100, max_bytes=10_000)
+    for i in range(20):
+        cache.put(f"k{i}", b"x" * 1000)
+        assert cache.get("k0") is not None  # used all the time
+    assert cache.bytes <= 10_000 and len(cache) == 10
+    assert cache.get("k1") is None and cache.get("k19") is not None
+    cache.put("huge", b"x" * 10_001)  # served by the caller, never kept
+    assert cache.get("huge") is None and cache.get("k0") is not None
+    cache.put("k0", b"y")  # replaced: counted once
+    assert cache.bytes == 9 * 1000 + 1
+
+
+def test_served_metadata_stays_within_the_cache_budget(tmp_path: Path) -> None:
+    """Through the app: every .metadata is served whole, and what its process keeps of them
+    stays within the budget however many are asked for."""
+    config = Config(storage=str(tmp_path / "data"), upstream="off", catalog_refresh_seconds=0)
+    variant = parse_variant(VARIANT)
+    bodies = {}
+    for i in range(6):
+        version = f"1.{i}+{variant.local_label}"
+        body = (f"Metadata-Version: 2.1\nName: meta-heavy\nVersion: {version}\n\n"
+                + "README " * 30_000).encode()
+        wheel = make_wheel(tmp_path / str(i), "meta-heavy", version, files={
+            f"meta_heavy-{version}.dist-info/METADATA": body})
+        publish(open_storage(config), wheel, variant, variant_form=False)
+        bodies[wheel.name] = body
+    app = create_app(config)
+    with app.app_context():
+        cache = services().metadata
+    cache.max_bytes = 500_000  # room for two of the ~210 KB bodies
+    client = app.test_client()
+    for name, body in bodies.items():
+        resp = client.get(f"/files/{VARIANT}/meta-heavy/{name}.metadata")
+        assert resp.status_code == 200 and resp.data == body
+        assert cache.bytes <= cache.max_bytes
+    assert len(cache) == 2

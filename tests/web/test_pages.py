@@ -24,7 +24,7 @@ from wheelhouse.catalog import Record
 from wheelhouse.fleet import advertise
 from wheelhouse.layout import GENERATION_KEY, record_key
 from wheelhouse.publish import publish
-from wheelhouse.queue import append_log, enqueue_build
+from wheelhouse.queue import append_log, enqueue_build, record_requester
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
 
 
@@ -603,6 +603,12 @@ def test_cancel_is_offered_to_those_allowed(fleet_client: FlaskClient, conn: Red
     assert 'id="cancel-form"' not in fleet_client.get(f"/builds/{job_id}").text
     fleet_client.post("/logout", data={"csrf_token": sign_in(fleet_client, token(conn, "builder"))})
     sign_in(fleet_client, token(conn, "builder2"))
+    # Only the token that requested it (or an admin): none is recorded for this one yet.
+    assert 'id="cancel-form"' not in fleet_client.get(f"/builds/{job_id}").text
+    record_requester(conn, job_id, "builder2")
+    assert 'id="cancel-form"' in fleet_client.get(f"/builds/{job_id}").text
+    sign_in(fleet_client, token(conn, "ops", ("admin",)))
+    record_requester(conn, job_id, "someone-else")  # the first requester stays
     assert 'id="cancel-form"' in fleet_client.get(f"/builds/{job_id}").text
 
 

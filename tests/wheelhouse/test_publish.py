@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from tests.helpers import make_wheel
+from tests.helpers import make_wheel, metadata_bomb
 from tests.wheelhouse.conftest import ForwardingStorage
 from tests.wheelhouse.test_wheels import assert_record_matches
 from wheelhouse import gc
@@ -159,6 +159,17 @@ def test_publish_refuses_the_flash_attn_defect_without_relabel(
     assert _keys(storage) == set()
     record = publish(storage, path, V, relabel_wheel=True)
     assert record.filename == f"flash_attn-2.8.3+cu128torch2.8-{TAG}.whl"
+
+
+@pytest.mark.parametrize("relabel_wheel", [False, True])
+def test_publish_refuses_a_metadata_bomb_and_stores_nothing(
+        local_storage: Storage, tmp_path: Path, relabel_wheel: bool) -> None:
+    """``wheelhouse publish`` reads METADATA capped, as uploads do: a ~400 KiB wheel whose
+    METADATA inflates to 400 MiB is refused, and no 400 MiB ``.metadata`` is ever stored."""
+    bomb = metadata_bomb(tmp_path, "bomb", "1.0+cu128torch2.8", 400 << 20)
+    with pytest.raises(InvalidWheel, match="METADATA is larger than"):
+        publish(local_storage, bomb, V, relabel_wheel=relabel_wheel)
+    assert _keys(local_storage) == set()
 
 
 def test_publish_relabel_leaves_a_correct_wheel_alone(storage: Storage, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import time
+import tracemalloc
 import warnings
 import zipfile
 from collections.abc import Callable
@@ -19,10 +20,11 @@ import pytest
 from packaging.tags import Tag
 from packaging.version import Version
 
-from tests.helpers import clean_env, make_venv, make_wheel
+from tests.helpers import clean_env, make_venv, make_wheel, metadata_bomb
 from wheelhouse.errors import InvalidWheel, VersionMismatch
 from wheelhouse.wheels import (
     MAX_FILENAME_LENGTH,
+    MAX_METADATA_BYTES,
     add_description_note,
     check_consistent,
     parse_metadata,
@@ -179,6 +181,7 @@ def test_broken_dist_info(
     b"Metadata-Version: 2.1\nName: foo\n\n",
     b"Metadata-Version: 2.1\nName: foo\nVersion: not-a-version\n\n",
     b"Metadata-Version: 2.1\nVersion: 1.0\n\n",
+    b"Metadata-Version: 2.1\nName: foo\nVersion: 1.0\nRequires-Python: 3.8+\n\n",
 ])
 def test_parse_metadata_refuses_malformed(metadata: bytes) -> None:
     with pytest.raises(InvalidWheel, match="METADATA is malformed"):
@@ -580,6 +583,17 @@ TAMPERED: list[tuple[str, Callable[[Path], Path], str]] = [
     ("two-dist-infos", lambda t: _tampered(t, lambda ms: [
         *ms, ("evil-1.0.dist-info/METADATA", b"Name: evil\n", 0o644)]),
      "exactly one .dist-info directory"),
+    ("dist-info-via-data", lambda t: _tampered(t, lambda ms: [
+        *ms, ("demo-1.0.data/purelib/other-9.0.dist-info/METADATA", b"Name: other\n", 0o644)]),
+     "would install the .dist-info of another project"),
+    ("unrecorded-pth", lambda t: _tampered(t, after=lambda ms: [
+        *ms, ("evil.pth", b"import os; os.system('x')\n", 0o644)]), "'evil.pth' is not in RECORD"),
+    ("requires-python", lambda t: _tampered(t, _metadata(
+        "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\nRequires-Python: >=3.8,banana\n\n")),
+     "Requires-Python '>=3.8,banana' is no version specifier"),
+    ("metadata-too-large", lambda t: _tampered(t, _metadata(
+        "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n\n" + "x" * MAX_METADATA_BYTES)),
+     f"METADATA is larger than {MAX_METADATA_BYTES // 1024} KiB"),
     ("not-a-zip", lambda t: _write(t / "demo-1.0-cp311-cp311-linux_x86_64.whl", b"PK\x03\x04no"),
      "not a well-formed zip"),
     ("unexpected-tags", lambda t: make_wheel(t, "demo", "1.0", tag="py3-none-any"),
@@ -680,3 +694,53 @@ def test_every_metadata_rewrite_keeps_headers_headers(metadata: bytes) -> None:
     # Each edit alone leaves the rest as it was.
     assert Metadata.from_email(edit_metadata(metadata, note="n"),
                                validate=False).requires_dist == before.requires_dist
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """~400 KiB wheels whose METADATA inflates to 400 MiB: honestly declared, and declared as
+    100 bytes (what a reader that trusts the header would allocate)."""
+    tmp = tmp_path_factory.mktemp("bombs")
+    return {"honest": metadata_bomb(tmp / "honest", "bomb", "1.0", 400 << 20),
+            "lying": metadata_bomb(tmp / "lying", "bomb", "1.0", 400 << 20, declared=100)}
+
+
+@pytest.mark.parametrize(("kind", "says"), [("honest", "METADATA is larger than 1024 KiB"),
+                                            ("lying", "Bad CRC-32")])
+@pytest.mark.parametrize("read", ["read_metadata", "validate_wheel"])
+def test_a_metadata_bomb_is_refused_without_inflating_it(
+        bombs: dict[str, Path], kind: str, says: str, read: str) -> None:
+    wheel = bombs[kind]
+    assert wheel.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidWheel, match=says):
+            if read == "read_metadata":
+                read_metadata(wheel)
+            else:
+                validate_wheel(wheel, "bomb", Version("1.0"), lambda _tags: True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * MAX_METADATA_BYTES  # the cap and zlib's buffers, never the 400 MiB
+
+
+def test_relabelling_validation_takes_the_public_version_only(tmp_path: Path) -> None:
+    """An upload the operator has relabelled is checked before relabel rewrites it: METADATA
+    and .dist-info may lack the label, everything else is checked as for a build."""
+    built = make_wheel(tmp_path / "built", "demo", "1.0", tag="cp311-cp311-linux_x86_64")
+    defect = tmp_path / "demo-1.0+cu130torch2.14-cp311-cp311-linux_x86_64.whl"
+    shutil.copy(built, defect)
+    labelled = Version("1.0+cu130torch2.14")
+    with pytest.raises(InvalidWheel, match="names another project or version"):
+        validate_wheel(defect, "demo", labelled, _accepts_cp311)
+    validate_wheel(defect, "demo", labelled, _accepts_cp311, relabelling=True)
+    other = tmp_path / "demo-1.1+cu130torch2.14-cp311-cp311-linux_x86_64.whl"
+    shutil.copy(built, other)
+    with pytest.raises(InvalidWheel, match="names another project or version"):
+        validate_wheel(other, "demo", Version("1.1+cu130torch2.14"), _accepts_cp311,
+                       relabelling=True)
+    tampered = _tampered(tmp_path / "t", after=lambda ms: [*ms, ("evil.pth", b"x", 0o644)],
+                         name=defect.name)
+    with pytest.raises(InvalidWheel, match=r"'evil\.pth' is not in RECORD"):
+        validate_wheel(tampered, "demo", labelled, _accepts_cp311, relabelling=True)

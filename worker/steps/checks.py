@@ -22,7 +22,12 @@ from wheelhouse.buildfacts import AppliedPatch
 from wheelhouse.errors import BuildFailed, FailureKind, InvalidWheel, UnsafePath
 from wheelhouse.publish import Checked, CheckedVariant
 from wheelhouse.variantwheels import label_for, sass_archs, variant_filename
-from wheelhouse.wheels import MAX_UNPACKED_BYTES, consistent_metadata, parse_name
+from wheelhouse.wheels import (
+    MAX_METADATA_BYTES,
+    MAX_UNPACKED_BYTES,
+    consistent_metadata,
+    parse_name,
+)
 from worker import devicecode, loadcheck, safefs
 from worker.buildenv import sanitized_env
 from worker.runner import Runner
@@ -30,8 +35,6 @@ from worker.sandbox import GIB, MAX_WHEEL_BYTES
 from worker.steps.context import BuildContext
 from worker.steps.venv import BuildVenv
 
-MAX_METADATA_BYTES = 1024 * 1024
-"""Largest METADATA the worker takes from a checked wheel (it is kept in memory and served)."""
 _ARCH = re.compile(r"[0-9]{2,3}[af]?")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _MAX_LIBRARIES = 10_000
