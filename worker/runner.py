@@ -86,17 +86,23 @@ class Runner:
     @classmethod
     def start(cls, ctx: BuildContext, *, deadline: float, timeout: float) -> Runner:
         """Decide how this build is sandboxed, and say so in its log and record."""
-        # The worker checked at start-up; a host can lose what the sandbox needs since (a
-        # changed seccomp profile, a removed package), and then no step of this build may run.
-        why = startup_check(ctx.config)
-        if why is not None:
-            raise SandboxUnavailable(why)
-        sandbox = Sandbox.from_config(ctx.config)
+        try:
+            sandbox = Sandbox.from_config(ctx.config)
+        except ValueError as exc:
+            raise SandboxUnavailable(str(exc)) from None
         uid_lock = None
         if sandbox is not None:
             # A uid no other build on this host holds (docs/security.md, the sandbox's edge).
             sandbox, uid_lock = sandbox.claim(
                 wait=_waiter(ctx, deadline, "a free build uid (WHEELHOUSE_BUILD_UID_RANGE)"))
+            # The worker checked at start-up; a host can lose what the sandbox needs since (a
+            # changed seccomp profile, a removed package), and then no step of this build may
+            # run. The check runs as the uid just claimed, never as one another build holds.
+            why = startup_check(ctx.config, claimed=sandbox)
+            if why is not None:
+                if uid_lock is not None:
+                    os.close(uid_lock)
+                raise SandboxUnavailable(why)
         if sandbox is None:
             warning = ("WARNING: this build runs unsandboxed (WHEELHOUSE_BUILD_SANDBOX=off): "
                        "the sdist's code runs as the worker's user, sees its files and "

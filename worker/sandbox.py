@@ -178,7 +178,9 @@ class Sandbox:
     seccomp_dir: Path | None = None
     """Where the worker keeps the seccomp filter (:mod:`worker.seccomp`); None: no filter."""
     slots_dir: Path | None = None
-    """Where the locks of claimed uids live."""
+    """Where the locks of claimed uids live: one directory for the whole host
+    (``WHEELHOUSE_BUILD_UID_LOCK_DIR``), whatever each worker's workspace, so that two workers
+    on one host never hand out the same uid."""
 
     def __post_init__(self) -> None:
         if self.as_root and (self.uid <= 0 or self.gid <= 0):
@@ -198,7 +200,7 @@ class Sandbox:
         return cls(uid=first, gid=first, bwrap=config.build_sandbox_bwrap, uids=(first, last),
                    max_processes=max(0, config.build_max_processes),
                    seccomp_dir=workspace / ".sandbox" if seccomp.supported() else None,
-                   slots_dir=workspace / ".sandbox" / "uids")
+                   slots_dir=Path(config.build_uid_lock_dir))
 
     def claim(self, *, wait: Callable[[], None] | None = None) -> tuple[Sandbox, int | None]:
         """This sandbox with a uid of the range no other build on this host holds, and the lock
@@ -210,7 +212,7 @@ class Sandbox:
         """
         if not self.as_root or self.slots_dir is None:
             return self, None
-        self.slots_dir.mkdir(parents=True, exist_ok=True)
+        _lock_dir(self.slots_dir)
         while True:
             for uid in range(self.uids[0], self.uids[1] + 1):
                 fd = os.open(self.slots_dir / str(uid),
@@ -378,6 +380,23 @@ class Sandbox:
         return [*out, *argv]
 
 
+def _lock_dir(path: Path) -> None:
+    """Create the host-wide uid lock directory, root's and 0700, or check the one there.
+
+    Builds must not reach it: a build uid that could replace a lock file could make two
+    builds share a uid. So it is a real directory of the worker's, writable by it alone.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise SandboxUnavailable(f"{path} (WHEELHOUSE_BUILD_UID_LOCK_DIR) is not a directory "
+                                 "of the worker's own")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700, follow_symlinks=False)
+
+
 def _is_system(path: Path) -> bool:
     """Already visible through a system mount (e.g. a toolkit under /usr/local)."""
     return any(path.is_relative_to(name) for name in SYSTEM_PATHS)
@@ -457,18 +476,50 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 # --- fail closed --------------------------------------------------------------------------
 
 
-def startup_check(config: Config) -> str | None:
+def startup_check(config: Config, *, claimed: Sandbox | None = None) -> str | None:
     """Create a sandbox as builds get it and run ``true`` in it; None when that worked.
 
     Otherwise one line saying why not, for the worker to print before it refuses build jobs.
     With ``WHEELHOUSE_BUILD_SANDBOX=off`` there is nothing to check (the worker warns instead).
+    ``claimed`` is a sandbox whose uid the caller holds (a build's own); without it the check
+    claims a uid of the range for as long as it runs, as a build would: running as a uid some
+    build on the host holds would share that build's identity.
     """
+    lock = None
+    if claimed is None:
+        try:
+            sandbox = Sandbox.from_config(config)
+        except ValueError as exc:
+            return str(exc)
+        if sandbox is None:
+            return None
+        try:
+            claimed, lock = sandbox.claim(wait=_check_waiter())
+        except SandboxUnavailable as exc:
+            return f"the build sandbox is unavailable: {exc}"
+        except OSError as exc:
+            return f"the build sandbox cannot be created: {exc}"
     try:
-        sandbox = Sandbox.from_config(config)
-    except ValueError as exc:
-        return str(exc)
-    if sandbox is None:
-        return None
+        return _check(config, claimed)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _check_waiter() -> Callable[[], None]:
+    """Wait for a free uid up to the check's timeout, then give up (every uid is busy)."""
+    end = time.monotonic() + _CHECK_TIMEOUT
+
+    def wait() -> None:
+        if time.monotonic() > end:
+            raise SandboxUnavailable(f"no build uid of WHEELHOUSE_BUILD_UID_RANGE came free "
+                                     f"within {_CHECK_TIMEOUT:.0f} s")
+        time.sleep(0.5)
+
+    return wait
+
+
+def _check(config: Config, sandbox: Sandbox) -> str | None:
     workspace = Path(config.workspace).resolve()
     try:
         workspace.mkdir(parents=True, exist_ok=True)

@@ -291,7 +291,7 @@ def test_the_check_fails_closed_with_one_line(
 def test_the_check_passes_where_the_sandbox_works_and_cleans_up(tmp_path: Path) -> None:
     config = Config(workspace=str(tmp_path / "work"))
     assert startup_check(config) is None
-    # What stays: the worker's own directory (the seccomp filter, the uid locks).
+    # What stays: the worker's own directory (the seccomp filter; the uid locks are host-wide).
     assert [p.name for p in (tmp_path / "work").iterdir()] == [".sandbox"]
 
 
@@ -627,7 +627,7 @@ def test_two_builds_at_once_have_two_uids_and_see_nothing_of_each_other(
         assert first.uid != second.uid and first.uid in sandbox.range_uids
         a = Workspace(tmp_path / "work" / "build-a", build_python)
         b = Workspace(tmp_path / "work" / "build-b", build_python)
-        a.root.mkdir()
+        a.root.mkdir(parents=True)
         b.root.mkdir()
         secret = a.layout.home / "secret"
         keeper = a.start(first, [str(build_python), "-c",
@@ -650,4 +650,58 @@ def test_two_builds_at_once_have_two_uids_and_see_nothing_of_each_other(
     # Released, the first uid is the next build's again.
     again, lock = sandbox.claim()
     assert lock is not None and again.uid == first.uid
+    os.close(lock)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="builds have their own uids only under a root worker")
+def test_workers_with_different_workspaces_never_share_a_uid(tmp_path: Path) -> None:
+    """The claim locks are host-wide (WHEELHOUSE_BUILD_UID_LOCK_DIR), not per workspace: two
+    workers on one host hand out different uids while both builds hold theirs."""
+    one = Sandbox.from_config(Config(workspace=str(tmp_path / "worker-1")))
+    two = Sandbox.from_config(Config(workspace=str(tmp_path / "worker-2")))
+    assert one is not None and two is not None
+    assert one.slots_dir == two.slots_dir == Path(Config().build_uid_lock_dir)
+    first, lock_a = one.claim()
+    second, lock_b = two.claim()
+    try:
+        assert lock_a is not None and lock_b is not None
+        assert first.uid != second.uid
+        held = os.lstat(one.slots_dir)
+        assert stat.S_IMODE(held.st_mode) == 0o700 and held.st_uid == 0
+    finally:
+        os.close(lock_a or os.open(os.devnull, os.O_RDONLY))
+        os.close(lock_b or os.open(os.devnull, os.O_RDONLY))
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="builds have their own uids only under a root worker")
+def test_the_startup_check_runs_as_a_uid_it_holds(tmp_path: Path) -> None:
+    """The check claims its uid as a build does: with the range's one uid held by a build, it
+    waits until that build lets go rather than run as the build's identity."""
+    import threading
+
+    config = Config(workspace=str(tmp_path / "work"), build_uid_range="65490",
+                    build_uid_lock_dir=str(tmp_path / "uids"))
+    sandbox = Sandbox.from_config(config)
+    assert sandbox is not None
+    build, lock = sandbox.claim()
+    assert lock is not None and build.uid == 65490
+    released = 0.0
+
+    def release() -> None:
+        nonlocal released
+        time.sleep(1.5)
+        released = time.monotonic()
+        os.close(lock)
+
+    letting_go = threading.Thread(target=release)
+    letting_go.start()
+    try:
+        assert startup_check(config) is None
+        checked = time.monotonic()
+    finally:
+        letting_go.join()
+    assert released and checked >= released
+    # ... and it let go of the uid when done: the next build gets it at once.
+    again, lock = sandbox.claim()
+    assert lock is not None and again.uid == 65490
     os.close(lock)
