@@ -269,7 +269,7 @@ class Runner:
             if governor is not None:
                 governor.tick()
             if quota is not None:
-                quota.check()
+                quota.check(bp.processes)
             if limits is not None:  # processes and memory (past them: killed, too-large)
                 limits.check(bp.processes)
             ctx.log.pump()

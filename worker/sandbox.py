@@ -547,14 +547,18 @@ def _check(config: Config, sandbox: Sandbox) -> str | None:
 
 
 class DiskQuota:
-    """A cap on what a build writes into its writable paths, measured by walking them.
+    """A cap on what a build writes into its writable paths, enforced by polling.
 
     Kernel quotas would be exact but need a filesystem prepared for them (project quotas) or a
-    loop device per build, which neither containers nor most hosts give a worker. So the worker
-    measures allocated blocks (hard links counted once, links never followed) every ``every``
-    seconds from the reaper's tick and kills the build past the cap: it may overshoot by what
-    the build writes between two looks. The RAM-backed ``/tmp`` and ``/dev/shm`` have their own
-    hard cap (``TMPFS_BYTES``).
+    loop device per build, which neither containers nor most hosts give a worker (and a sized
+    tmpfs per build would put its whole workspace in RAM). So the worker measures, every
+    ``every`` seconds from the reaper's tick, the blocks allocated below the paths (st_blocks,
+    never st_size, so a sparse file counts what it holds and a preallocated one all of it;
+    hard links counted once, links never followed) and the files the build's processes hold
+    open, or mapped, after unlinking them (found through ``/proc/<pid>/fd`` and
+    ``/proc/<pid>/map_files``, stat-ed there, never opened), and kills the build past the cap:
+    it may overshoot by what the build writes between two looks. The RAM-backed ``/tmp`` and
+    ``/dev/shm`` have their own hard cap (``TMPFS_BYTES``).
 
     ``shared`` paths outlive the build (the compile cache's directory): only what they grow by
     after the quota is made counts, not what earlier builds left there.
@@ -568,6 +572,8 @@ class DiskQuota:
         self.every = every
         self.max_entries = max_entries
         self.peak = 0
+        self.peak_unlinked = 0
+        """Most bytes seen in files the build held open after unlinking them."""
         self._next = 0.0
         self._shared_before = self._measure(self.shared)
 
@@ -578,12 +584,15 @@ class DiskQuota:
             return None
         return cls(paths, int(config.build_disk_limit_gib * GIB), shared=shared)
 
-    def usage(self) -> int:
-        """Bytes the build holds below the paths (and has added below the shared ones); raise
-        ``BuildFailed`` for a tree too big to walk."""
-        total = (self._measure(self.paths)
+    def usage(self, processes: Iterable[psutil.Process] = ()) -> int:
+        """Bytes the build holds below the paths (and has added below the shared ones), and in
+        unlinked files ``processes`` keep open there; raise ``BuildFailed`` for a tree too big
+        to walk."""
+        unlinked = self._unlinked(processes)
+        total = (self._measure(self.paths) + unlinked
                  + max(0, self._measure(self.shared) - self._shared_before))
         self.peak = max(self.peak, total)
+        self.peak_unlinked = max(self.peak_unlinked, unlinked)
         return total
 
     def _measure(self, paths: Iterable[Path]) -> int:
@@ -608,21 +617,83 @@ class DiskQuota:
                               ) from None
         return total
 
-    def check(self) -> None:
+    def _unlinked(self, processes: Iterable[psutil.Process]) -> int:
+        """Blocks of the unlinked regular files the processes hold, on the filesystems of the
+        capped paths (each inode once: many descriptors may share one file)."""
+        devices = set()
+        for root in (*self.paths, *self.shared):
+            with contextlib.suppress(OSError):
+                devices.add(os.lstat(root).st_dev)
+        seen: set[tuple[int, int]] = set()
+        total = looked = 0
+        for proc in processes:
+            for handle in _unlinked_handles(proc.pid):
+                looked += 1
+                if looked > self.max_entries:
+                    raise BuildFailed(FailureKind.TOO_LARGE,
+                                      f"the build held more than {self.max_entries} files open")
+                try:
+                    st = os.stat(handle)  # the open file itself; the kernel resolves it
+                except OSError:
+                    continue  # closed, or the process ended, while we looked
+                key = (st.st_dev, st.st_ino)
+                if stat.S_ISREG(st.st_mode) and st.st_dev in devices and key not in seen:
+                    seen.add(key)
+                    total += st.st_blocks * 512
+        return total
+
+    def check(self, processes: Callable[[], Iterable[psutil.Process]] | None = None) -> None:
         """Measure when due; raise ``BuildFailed`` (too-large) past the cap.
 
-        Call it from ``BuildProcess.wait``'s ``on_tick``: an exception there kills the tree.
+        Call it from ``BuildProcess.wait``'s ``on_tick`` with ``BuildProcess.processes``: an
+        exception there kills the tree.
         """
         now = time.monotonic()
         if now < self._next:
             return
         self._next = now + self.every
-        used = self.usage()
+        used = self.usage(processes() if processes is not None else ())
         if used > self.limit_bytes:
+            held = (f", {_size(self.peak_unlinked)} of it in files it unlinked but kept open"
+                    if self.peak_unlinked else "")
             raise BuildFailed(FailureKind.TOO_LARGE,
-                              f"the build wrote {used / GIB:.1f} GiB into its workspace, over "
-                              f"the {self.limit_bytes / GIB:.1f} GiB cap "
+                              f"the build wrote {_size(used)} into its workspace{held}, over "
+                              f"the {_size(self.limit_bytes)} cap "
                               "(WHEELHOUSE_BUILD_DISK_LIMIT_GIB)")
+
+
+_DELETED = " (deleted)"
+_MAX_MAPS_BYTES = 16 * 1024 * 1024
+
+
+def _unlinked_handles(pid: int) -> Iterator[str]:
+    """``/proc`` paths of the files ``pid`` holds open or mapped whose names are gone.
+
+    Only the kernel's own text is read (link targets, ``maps``); the files are stat-ed
+    through these paths by the caller, never opened.
+    """
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return
+    for name in names:
+        try:
+            target = os.readlink(f"{fds}/{name}")
+        except OSError:
+            continue
+        if target.endswith(_DELETED):
+            yield f"{fds}/{name}"
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            text = maps.read(_MAX_MAPS_BYTES)
+    except OSError:
+        return
+    for line in text.splitlines():
+        # start-end perms offset dev inode path; the kernel escapes newlines in the path.
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[4] != b"0" and line.endswith(_DELETED.encode()):
+            yield f"/proc/{pid}/map_files/{fields[0].decode()}"
 
 
 # --- what leaves the sandbox --------------------------------------------------------------

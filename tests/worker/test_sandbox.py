@@ -392,6 +392,51 @@ def test_the_disk_quota_kills_a_build_that_writes_too_much(
     assert build.processes() == []
 
 
+HOLD_UNLINKED = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.posix_fallocate(fd, 0, 256 << 20)
+os.unlink(sys.argv[1])
+print('holding', flush=True)
+time.sleep(1000)
+"""
+
+
+def test_the_disk_quota_counts_files_held_open_after_unlinking_them(
+    workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    """No walk sees a file that was unlinked while open: the quota finds it through the
+    build's descriptors (st_blocks: the preallocated 256 MiB, not a sparse size)."""
+    build = workspace.start(sandbox, [str(workspace.python), "-c", HOLD_UNLINKED,
+                                      str(workspace.dist / "held.bin")])
+    quota = DiskQuota(workspace.layout.all_writable, 64 * MiB, every=0.1)
+    free_before = shutil.disk_usage(workspace.root).free
+
+    with pytest.raises(BuildFailed) as failed:
+        build.wait(deadline=time.monotonic() + 60,
+                   on_tick=lambda: quota.check(build.processes), tick=0.1, grace=0.2)
+
+    assert "holding" in workspace.log.read_text()
+    assert failed.value.kind is FailureKind.TOO_LARGE
+    assert "unlinked but kept open" in failed.value.reason
+    assert quota.peak_unlinked >= 256 * MiB
+    assert build.processes() == []
+    assert list(workspace.dist.iterdir()) == []  # nothing to walk, ever
+    # The space came back with the processes (others' writes meanwhile aside).
+    assert shutil.disk_usage(workspace.root).free > free_before - 128 * MiB
+
+
+def test_disk_quota_counts_allocated_blocks_not_sizes(tmp_path: Path) -> None:
+    data = tmp_path / "w"
+    data.mkdir()
+    with open(data / "sparse", "wb") as f:
+        f.truncate(GIB)  # a hole: nothing allocated
+    fd = os.open(data / "preallocated", os.O_RDWR | os.O_CREAT)
+    os.posix_fallocate(fd, 0, 8 * MiB)
+    os.close(fd)
+    assert 8 * MiB <= DiskQuota([data], GIB).usage() < 9 * MiB
+
+
 def test_disk_quota_counts_hard_links_once_and_follows_no_link(tmp_path: Path) -> None:
     data = tmp_path / "w"
     data.mkdir()
