@@ -67,7 +67,8 @@ class Ran:
     returncode: int | None
     """The main process's exit status (negative: killed by that signal)."""
     job_peaks: tuple[int, ...] = ()
-    """Under the memory governor: the peak memory of each compile job it saw."""
+    """Under the memory governor: the peak memory of the compilers of each compile job it saw
+    (:attr:`worker.governor.MemoryGovernor.compile_peaks`)."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ class Runner:
                               f"the build ran past its {self.timeout:.0f} s deadline during "
                               f"{what} and was killed")
         return Ran(outcome.returncode,
-                   tuple(governor.job_peaks) if governor is not None else ())
+                   tuple(governor.compile_peaks) if governor is not None else ())
 
     def _measured(self, outcome: Outcome, governor: MemoryGovernor | None) -> None:
         """What the governor and the reaper saw, into the build's facts (also when it failed)."""

@@ -714,8 +714,9 @@ def test_workers_with_different_workspaces_never_share_a_uid(tmp_path: Path) -> 
         held = os.lstat(one.slots_dir)
         assert stat.S_IMODE(held.st_mode) == 0o700 and held.st_uid == 0
     finally:
-        os.close(lock_a or os.open(os.devnull, os.O_RDONLY))
-        os.close(lock_b or os.open(os.devnull, os.O_RDONLY))
+        for lock in (lock_a, lock_b):
+            if lock is not None:
+                os.close(lock)
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="builds have their own uids only under a root worker")
@@ -728,8 +729,9 @@ def test_the_startup_check_runs_as_a_uid_it_holds(tmp_path: Path) -> None:
                     build_uid_lock_dir=str(tmp_path / "uids"))
     sandbox = Sandbox.from_config(config)
     assert sandbox is not None
-    build, lock = sandbox.claim()
-    assert lock is not None and build.uid == 65490
+    build, held = sandbox.claim()
+    assert held is not None and build.uid == 65490
+    lock: int = held
     released = 0.0
 
     def release() -> None:
@@ -747,6 +749,6 @@ def test_the_startup_check_runs_as_a_uid_it_holds(tmp_path: Path) -> None:
         letting_go.join()
     assert released and checked >= released
     # ... and it let go of the uid when done: the next build gets it at once.
-    again, lock = sandbox.claim()
-    assert lock is not None and again.uid == 65490
-    os.close(lock)
+    again, second = sandbox.claim()
+    assert second is not None and again.uid == 65490
+    os.close(second)
