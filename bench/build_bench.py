@@ -113,7 +113,7 @@ def run_build(root: Path, name: str, jobs: int, *, budget: int | None, governed:
         name=name, max_jobs=jobs, governed=governed, makespan_s=round(makespan, 1),
         peak_tree_mb=round(governor.peak_tree_rss / MiB, 1), returncode=outcome.returncode,
         over_budget=over, failed=over or outcome.returncode != 0, pauses=governor.pauses,
-        job_peaks_mb=[round(p / MiB, 1) for p in governor.job_peaks],
+        job_peaks_mb=[round(p / MiB, 1) for p in governor.compile_peaks],
     )
     print(json.dumps(asdict(run)), file=sys.stderr, flush=True)
     return run

@@ -128,17 +128,19 @@ def compile_once(root: Path, case: Case, run: int) -> tuple[int, float]:
     start = time.monotonic()
     outcome = build.wait(deadline=start + 3600, on_tick=governor.tick, tick=0.1)
     seconds = time.monotonic() - start
-    if outcome.returncode != 0 or not governor.job_peaks:
+    if outcome.returncode != 0 or not governor.compile_peaks:
         raise SystemExit(f"{case.name}: nvcc failed ({outcome.returncode}); see "
                          f"{(root / 'build.log').read_text()[-2000:]}")
-    return max(governor.job_peaks), seconds
+    return max(governor.compile_peaks), seconds
 
 
 def charge(peak: int, case: Case, root: Path, *, recipe_per_thread: int) -> tuple[int, int, int]:
     """(per-job charge, MAX_JOBS, jobs that fit) on the big host, once ``peak`` is learned."""
     storage = LocalStorage(root / f"stats-{case.threads}-{case.targets}")
-    record_peaks(storage, "bench", "13.0", [peak], case.threads, archs=case.targets)
-    decision = decide(storage, recipe="bench", cuda="13.0", recipe_per_thread=recipe_per_thread,
+    record_peaks(storage, "bench", "bench", "13.0", [peak], case.threads, archs=case.targets,
+                 recipe_per_thread=recipe_per_thread)
+    decision = decide(storage, recipe="bench", project="bench", cuda="13.0",
+                      recipe_per_thread=recipe_per_thread,
                       nvcc_threads=case.threads, archs=case.targets, available=HOST_MEMORY,
                       total=HOST_MEMORY, cores=HOST_CORES)
     job = decision.per_thread_bytes * case.effective
@@ -182,8 +184,10 @@ def main() -> int:
         single, multi = peaks["1 arch, --threads 3"][0], peaks["3 archs, --threads 3"][0]
         old_job = int(single // 3 * LEARNED_MARGIN) * 3  # the old per-thread x NVCC_THREADS
         storage = LocalStorage(root / "cross")
-        record_peaks(storage, "bench", "13.0", [single], 3, archs=1)
-        new = decide(storage, recipe="bench", cuda="13.0", recipe_per_thread=one_thread,
+        record_peaks(storage, "bench", "bench", "13.0", [single], 3, archs=1,
+                     recipe_per_thread=one_thread)
+        new = decide(storage, recipe="bench", project="bench", cuda="13.0",
+                     recipe_per_thread=one_thread,
                      nvcc_threads=3, archs=3, available=HOST_MEMORY, total=HOST_MEMORY,
                      cores=HOST_CORES)
         new_job = new.per_thread_bytes * 3

@@ -139,7 +139,8 @@ def test_workers_publish_and_the_web_serves(policed_s3: PolicedS3, tmp_path: Pat
          "from wheelhouse.storage import open_storage\n"
          "storage = open_storage(Config.from_env())\n"
          "storage.put_bytes('logs/torch2.8-cu128/demo-ext/x.log', b'the log')\n"
-         "record_peaks(storage, 'generic', '12.8', [2**30], 2, archs=2)\n"],
+         "record_peaks(storage, 'generic', 'demo-ext', '12.8', [2**30], 2, archs=2,\n"
+         "             recipe_per_thread=2**30)\n"],
         env={**os.environ, **config.to_env(), **policed_s3.keys["worker"]},
         capture_output=True, text=True, timeout=120)
     assert wrote.returncode == 0, wrote.stderr

@@ -189,6 +189,9 @@ class Config:
     build_uid_range: str = "65500-65531"
     """Unused uids (and gids) root workers run builds as, FIRST-LAST: one per concurrent build."""
 
+    build_uid_lock_dir: str = "/run/wheelhouse/uids"
+    """Host-wide directory of the build uids' claim locks, shared by every worker on the host."""
+
     build_max_processes: int = 8192
     """Most processes and threads one build may run at once (its uid's RLIMIT_NPROC)."""
 

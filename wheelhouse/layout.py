@@ -126,9 +126,10 @@ def quarantined_record_key(marker: str) -> str:
     return RECORDS + marker.removeprefix(QUARANTINE)
 
 
-def stats_key(recipe: str, cuda: str) -> str:
-    """Learned compile-job memory of a recipe under a CUDA version (``maxjobs``)."""
-    return f"{STATS}{recipe}-cu{cuda.replace('.', '')}.json"
+def stats_key(recipe: str, project: str, cuda: str) -> str:
+    """Learned compile-job memory of one project built by a recipe under a CUDA version
+    (``maxjobs``)."""
+    return f"{STATS}{recipe}/{project}-cu{cuda.replace('.', '')}.json"
 
 
 def compile_cache_prefix(space: str) -> str:

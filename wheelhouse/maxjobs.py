@@ -6,8 +6,12 @@ runs the per-target steps in parallel (a target is a ``-gencode`` pair, PTX incl
 effective threads are ``min(NVCC_THREADS, device targets)``: a job compiling for one architecture
 peaks at about one thread's memory whatever ``--threads`` says (docs/maxjobs.md has the figures).
 The figure starts from the recipe and is then learned from the measured peaks of earlier builds
-of the same recipe, CUDA version and effective thread count, kept in storage under
-``stats/<recipe>-cu<XYZ>.json``. The decision carries its reason, which goes into the build
+of the same project, recipe, CUDA version and effective thread count, kept in storage under
+``stats/<recipe>/<project>-cu<XYZ>.json``: one project's builds (a generic recipe serves many)
+never move another's figure. What a build can teach is bounded by the recipe's own figure: a
+learned charge is never below it (a small build does not make the next one over-commit) and
+never above :data:`MAX_LEARNED_FACTOR` times it (a build that parks a big process does not
+starve its project's later builds). The decision carries its reason, which goes into the build
 record.
 """
 
@@ -30,8 +34,12 @@ MIN_RESERVE = 1 * GIB
 LEARNED_MARGIN = 1.2
 #: How many recent builds the learned figure remembers, per effective thread count.
 LEARNED_SAMPLES = 10
-#: The stats file's format: job peaks per effective thread count (1 had per-thread figures).
-STATS_VERSION = 2
+#: The most a learned charge may be, in times the recipe's figure (and what a sample is
+#: clamped to when it is recorded).
+MAX_LEARNED_FACTOR = 2
+#: The stats file's format: job peaks per effective thread count, per project (2: per recipe;
+#: 1: per-thread figures). Older files lie under other keys and are never read.
+STATS_VERSION = 3
 
 
 def reserve_bytes(total: int) -> int:
@@ -98,8 +106,8 @@ def choose_max_jobs(
                    cores=cores, learned=learned, targets=archs, effective_threads=threads)
 
 
-def stats_key(recipe: str, cuda: str) -> str:
-    return layout.stats_key(recipe, cuda)
+def stats_key(recipe: str, project: str, cuda: str) -> str:
+    return layout.stats_key(recipe, project, cuda)
 
 
 def _read_stats(storage: Storage, key: str) -> dict[str, Any]:
@@ -116,35 +124,22 @@ def _peaks(value: object) -> list[int]:
     return [s for s in value if isinstance(s, int) and not isinstance(s, bool) and s > 0]
 
 
-def _samples(data: dict[str, Any], nvcc_threads: int) -> dict[int, list[int]]:
-    """Job peaks by effective thread count, from a stats file of either format.
-
-    A version-1 file holds ``per_thread_peaks``: each job's peak divided by the recipe's
-    NVCC_THREADS, whatever its targets were. Read conservatively: a sample stands for the largest
-    job peak it can mean (as measured with all ``nvcc_threads`` threads), and it is filed under
-    one thread, where it is the single-target figure and, through the rule that more threads
-    never need less, a floor for every other count. Filed under ``nvcc_threads`` instead, a peak
-    measured on a single-arch build would stand for a multi-arch job and under-charge it.
-    """
+def _samples(data: dict[str, Any]) -> dict[int, list[int]]:
+    """Job peaks by effective thread count."""
     out: dict[int, list[int]] = {}
     by_threads = data.get("job_peaks")
     if isinstance(by_threads, dict):
         for count, peaks in by_threads.items():
             if isinstance(count, str) and count.isdigit() and int(count) > 0 and _peaks(peaks):
                 out[int(count)] = _peaks(peaks)[-LEARNED_SAMPLES:]
-    legacy = [p * max(1, nvcc_threads) for p in _peaks(data.get("per_thread_peaks"))]
-    if legacy:
-        out[1] = [*legacy, *out.get(1, [])][-LEARNED_SAMPLES:]
     return out
 
 
-def learned_job_peaks(storage: Storage, recipe: str, cuda: str, *,
-                      nvcc_threads: int) -> dict[int, list[int]]:
-    """The recent job peaks of this recipe and CUDA, by effective thread count (``{1: [...]}``).
-
-    ``nvcc_threads`` is the recipe's NVCC_THREADS, needed to read a version-1 file.
-    """
-    return _samples(_read_stats(storage, stats_key(recipe, cuda)), nvcc_threads)
+def learned_job_peaks(storage: Storage, recipe: str, project: str,
+                      cuda: str) -> dict[int, list[int]]:
+    """The recent job peaks of this project, recipe and CUDA, by effective thread count
+    (``{1: [...]}``)."""
+    return _samples(_read_stats(storage, stats_key(recipe, project, cuda)))
 
 
 @dataclass(frozen=True)
@@ -160,64 +155,71 @@ def _charge(samples: dict[int, list[int]], threads: int, recipe_per_thread: int)
     What was measured at that count, else the recipe's figure times the threads; raised, either
     way, to what jobs with fewer threads were measured at (more threads never need less). A
     figure measured with more threads is never used: it says nothing of what fewer threads need
-    beyond an upper bound, and nothing at all of what more need.
+    beyond an upper bound, and nothing at all of what more need. Then bounded by the recipe's
+    figure: never below it, never above :data:`MAX_LEARNED_FACTOR` times it.
     """
+    recipe = recipe_per_thread * threads
     exact = max(samples.get(threads, []), default=0)
     fewer = max((p for count, peaks in samples.items() if count < threads for p in peaks),
                 default=0)
-    if exact:
-        charge = _Charge(int(exact * LEARNED_MARGIN),
-                         f"learned from earlier builds with {_plural(threads, 'nvcc thread')}",
-                         learned=True)
-    else:
-        charge = _Charge(recipe_per_thread * threads, "from the recipe", learned=False)
-    floor = int(fewer * LEARNED_MARGIN)
-    if floor > charge.job_bytes:
-        charge = _Charge(floor, "raised to the peak of earlier builds with fewer threads",
-                         learned=True)
-    return charge
+    learned = max(int(exact * LEARNED_MARGIN), int(fewer * LEARNED_MARGIN))
+    if learned <= recipe:
+        return _Charge(recipe, "from the recipe", learned=False)
+    if learned > recipe * MAX_LEARNED_FACTOR:
+        return _Charge(recipe * MAX_LEARNED_FACTOR,
+                       f"learned from earlier builds, capped at {MAX_LEARNED_FACTOR}x the "
+                       "recipe's", learned=True)
+    if int(exact * LEARNED_MARGIN) >= int(fewer * LEARNED_MARGIN):
+        return _Charge(learned,
+                       f"learned from earlier builds with {_plural(threads, 'nvcc thread')}",
+                       learned=True)
+    return _Charge(learned, "raised to the peak of earlier builds with fewer threads",
+                   learned=True)
 
 
-def learned_per_thread(storage: Storage, recipe: str, cuda: str, *, nvcc_threads: int,
-                       archs: int) -> int | None:
+def learned_per_thread(storage: Storage, recipe: str, project: str, cuda: str, *,
+                       nvcc_threads: int, archs: int, recipe_per_thread: int) -> int | None:
     """The learned per-thread figure for jobs with ``archs`` targets, or None where nothing
     learned applies (the recipe's figure stands)."""
     threads = effective_threads(nvcc_threads, archs)
-    charge = _charge(learned_job_peaks(storage, recipe, cuda, nvcc_threads=nvcc_threads),
-                     threads, 0)
+    charge = _charge(learned_job_peaks(storage, recipe, project, cuda), threads,
+                     recipe_per_thread)
     return charge.job_bytes // threads if charge.learned else None
 
 
 def record_peaks(
-    storage: Storage, recipe: str, cuda: str, job_peaks: list[int], nvcc_threads: int, *,
-    archs: int,
+    storage: Storage, recipe: str, project: str, cuda: str, job_peaks: list[int],
+    nvcc_threads: int, *, archs: int, recipe_per_thread: int,
 ) -> int | None:
-    """Remember the highest compile-job peak of a build under its effective thread count;
-    return its per-thread figure.
+    """Remember the highest compile-job peak of a build under its project and effective thread
+    count; return its per-thread figure.
 
-    Only the last :data:`LEARNED_SAMPLES` builds of each count count, so a toolkit upgrade that
-    changes the memory profile is picked up. A version-1 file is rewritten in the new format, its
-    samples kept as :func:`learned_job_peaks` reads them. Concurrent builds may drop each other's
-    sample (last writer wins), which is harmless for an estimate.
+    The sample is clamped to :data:`MAX_LEARNED_FACTOR` times the recipe's figure, so one
+    build cannot push a figure further than a charge may go. Only the last
+    :data:`LEARNED_SAMPLES` builds of each count count, so a toolkit upgrade that changes the
+    memory profile is picked up. Concurrent builds may drop each other's sample (last writer
+    wins), which is harmless for an estimate.
     """
     peaks = [p for p in job_peaks if p > 0]
     if not peaks:
         return None
     threads = effective_threads(nvcc_threads, archs)
-    key = stats_key(recipe, cuda)
-    samples = _samples(_read_stats(storage, key), nvcc_threads)
-    samples[threads] = [*samples.get(threads, []), max(peaks)][-LEARNED_SAMPLES:]
+    sample = min(max(peaks), max(1, recipe_per_thread) * threads * MAX_LEARNED_FACTOR)
+    key = stats_key(recipe, project, cuda)
+    samples = _samples(_read_stats(storage, key))
+    samples[threads] = [*samples.get(threads, []), sample][-LEARNED_SAMPLES:]
     storage.put_bytes(key, json.dumps({
-        "version": STATS_VERSION, "recipe": recipe, "cuda": cuda,
+        "version": STATS_VERSION, "recipe": recipe, "project": project, "cuda": cuda,
         "job_peaks": {str(count): samples[count] for count in sorted(samples)},
     }).encode())
-    return max(peaks) // threads
+    return sample // threads
 
 
 def decide(
     storage: Storage | None,
     *,
     recipe: str,
+    project: str,
     cuda: str,
     recipe_per_thread: int,
     nvcc_threads: int,
@@ -227,10 +229,11 @@ def decide(
     cores: int,
     reserve: int | None = None,
 ) -> MaxJobs:
-    """Choose MAX_JOBS for jobs of ``archs`` device targets, preferring what earlier builds with
-    as many effective threads measured over the recipe's figure."""
+    """Choose MAX_JOBS for jobs of ``archs`` device targets, preferring what earlier builds of
+    ``project`` with as many effective threads measured over the recipe's figure, within the
+    bounds of :func:`_charge`."""
     threads = effective_threads(nvcc_threads, archs)
-    samples = (learned_job_peaks(storage, recipe, cuda, nvcc_threads=nvcc_threads)
+    samples = (learned_job_peaks(storage, recipe, project, cuda)
                if storage is not None else {})
     charge = _charge(samples, threads, recipe_per_thread)
     return choose_max_jobs(

@@ -6,6 +6,11 @@ keeps the first half of ``limit_bytes``, a rolling tail keeps the last half in m
 :meth:`BuildLog.seal` writes that tail after a note saying how much was cut. New output is also
 handed, in bounded batches, to the reporter (the live log, ninja's ``[N/M]`` progress); its end
 is what a failure is classified from, and the sealed file is stored beside the result.
+
+What a build prints is kept as text only: terminal control sequences (CSI and OSC escapes,
+the other escapes, C1 controls) and every C0 control but newline and tab are stripped
+before anything is stored or shown (:class:`PlainText`), so a log viewed in a terminal can't
+set its title, move its cursor or hide lines, and colours leave only their words.
 """
 
 from __future__ import annotations
@@ -23,6 +28,54 @@ _READ = 64 * 1024
 #: worker reports loses lines from the live view only, never from the stored log's tail.
 LIVE_LIMIT = 1024 * 1024
 MIB = 1024 * 1024
+
+#: Most bytes of one control sequence kept back until its end arrives in the next read.
+MAX_SEQUENCE = 4096
+#: Whole control sequences: CSI, OSC (ended by BEL or ST), DCS/SOS/PM/APC (ended by ST), the
+#: other ESC sequences. One cut short by a newline, or too long, is not one: its ESC goes with
+#: the controls below, and its text stays.
+_SEQUENCE = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]"
+                       rb"|\x1b\][^\x07\x1b\n]{0,%d}(?:\x07|\x1b\\)"
+                       rb"|\x1b[PX^_][^\x1b\n]{0,%d}\x1b\\"
+                       rb"|\x1b[ -/]*[0-~]" % (MAX_SEQUENCE, MAX_SEQUENCE))
+#: The start of a sequence that the next read may complete.
+_UNFINISHED = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b\n]*\x1b?|[PX^_][^\x1b\n]*\x1b?"
+                         rb"|[ -/]*)?")
+_CONTROLS = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]+")
+#: C1 controls left once the rest is gone, in runs: a removal never joins a new pair.
+_C1 = re.compile(rb"\xc2+[\x80-\x9f]+")
+
+
+def plain(data: bytes) -> bytes:
+    """``data`` without terminal control sequences and C0 controls (``\\n`` and ``\\t`` kept).
+
+    In this order, so that no removal joins what is left into a new control: whole sequences,
+    then lone controls (ESC among them), then C1 controls.
+    """
+    return _C1.sub(b"", _CONTROLS.sub(b"", _SEQUENCE.sub(b"", data)))
+
+
+class PlainText:
+    """:func:`plain` over a stream read in pieces: a sequence split between two reads is
+    held back (up to :data:`MAX_SEQUENCE` bytes) and stripped whole."""
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        data = self._held + data
+        self._held = b""
+        start = data.rfind(b"\x1b", max(0, len(data) - MAX_SEQUENCE))
+        if start >= 0 and _UNFINISHED.fullmatch(data, start) is not None:
+            data, self._held = data[:start], data[start:]
+        elif data.endswith(b"\xc2"):  # a C1 control's first byte, or a character's
+            data, self._held = data[:-1], data[-1:]
+        return plain(data)
+
+    def flush(self) -> bytes:
+        """What is held back, as text (an unfinished sequence at the end of the stream)."""
+        held, self._held = self._held, b""
+        return plain(held)
 
 
 class BuildLog:
@@ -60,7 +113,8 @@ class BuildLog:
     def write(self, text: str) -> None:
         """A note of the worker's own, marked ``wheelhouse:``; reported at once."""
         lines = text.splitlines() or [""]
-        self._append("".join(f"wheelhouse: {line}\n" for line in lines).encode())
+        # Notes quote what builds said (a failure's reason): they are stripped too.
+        self._append(plain("".join(f"wheelhouse: {line}\n" for line in lines).encode()))
         self.pump()
 
     def _append(self, data: bytes) -> None:
@@ -181,6 +235,7 @@ class Drain:
     def __init__(self, log: BuildLog, fd: int) -> None:
         self.log = log
         self.fd = fd
+        self._plain = PlainText()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wheelhouse-log-drain",
                                         daemon=True)
@@ -197,10 +252,11 @@ class Drain:
                 data = os.read(self.fd, _READ)
                 if not data:
                     return
-                self.log._append(data)
+                self.log._append(self._plain.feed(data))
         except OSError:
             return
         finally:
+            self.log._append(self._plain.flush())
             os.close(self.fd)
 
     def close(self, timeout: float = 10.0) -> None:

@@ -345,10 +345,16 @@ class CompileCache:
 #: pushed: the directory is the build's, and anything else in it is the build's own invention.
 ENTRY_NAME = re.compile(r"(?:preprocessor/([0-9a-f])/([0-9a-f])/([0-9a-f])/\1\2\3[0-9a-f]{61}"
                         r"|([0-9a-f])/([0-9a-f])/\4\5[0-9a-f]{62})")
+#: The directories of that layout: the hash's first digits, and ``preprocessor``'s three.
+LAYOUT_DIR = re.compile(r"[0-9a-f](?:/[0-9a-f])?"
+                        r"|preprocessor(?:/[0-9a-f](?:/[0-9a-f](?:/[0-9a-f])?)?)?")
 #: Largest entry pulled or pushed (a compiled object of a big kernel file, compressed).
 MAX_ENTRY_BYTES = 512 * 1024**2
 #: Most entries one push sends (a flash-attn build makes a few thousand).
 MAX_PUSH_ENTRIES = 20_000
+#: Most entries a project's cache directory on a worker keeps (:func:`tidy` evicts the oldest
+#: past it, as past its size cap): what each later build's chown and walk go through.
+MAX_CACHE_ENTRIES = 5 * MAX_PUSH_ENTRIES
 
 
 def is_entry(name: str) -> bool:
@@ -484,7 +490,8 @@ class Tidied:
     """What :func:`tidy` did to a project's cache directory on this host."""
 
     dropped: int
-    """Things not of sccache's layout (links, FIFOs, devices, sockets, stray files)."""
+    """Things not of sccache's layout (links, FIFOs, devices, sockets, stray files, and
+    directories, each removed whole)."""
     stripped: int
     """Entries whose setuid, setgid or sticky bits were cleared."""
     evicted: int
@@ -492,13 +499,14 @@ class Tidied:
     kept_bytes: int
 
 
-def tidy(directory: Path, *, max_bytes: int, max_entries: int = MAX_PUSH_ENTRIES * 5) -> Tidied:
+def tidy(directory: Path, *, max_bytes: int, max_entries: int = MAX_CACHE_ENTRIES) -> Tidied:
     """Bound what a build left in its project's cache directory, once the build has ended.
 
     By descriptor (the build wrote this tree): everything that is not a regular file of
-    sccache's layout is removed, no entry keeps a setuid, setgid or sticky bit, and the oldest
-    entries go until at most ``max_bytes`` and ``max_entries`` remain. A directory the build
-    made unwalkable (nested past the walk's depth) is removed whole.
+    sccache's layout is removed, a directory outside the layout whole (whatever it holds: the
+    next build would be handed it, chowned), no entry keeps a setuid, setgid or sticky bit,
+    and the oldest entries go until at most ``max_bytes`` and ``max_entries`` remain. A
+    directory the build made unwalkable (nested past the walk's depth) is removed whole.
     """
     if not directory.exists():
         return Tidied(0, 0, 0, 0)
@@ -510,6 +518,11 @@ def tidy(directory: Path, *, max_bytes: int, max_entries: int = MAX_PUSH_ENTRIES
             for entry in safefs.walk(top, max_depth=8):
                 st = entry.stat
                 if stat.S_ISDIR(st.st_mode):
+                    if LAYOUT_DIR.fullmatch(entry.rel) is None:
+                        # Removed before the walk descends (it then finds nothing to open).
+                        with contextlib.suppress(OSError, UnsafePath):
+                            safefs.remove_entry(entry.dirfd, entry.name)
+                            dropped += 1
                     continue
                 if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and is_entry(entry.rel)):
                     with contextlib.suppress(OSError):

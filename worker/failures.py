@@ -48,6 +48,9 @@ _OOM = re.compile(
     r"Cannot allocate memory|std::bad_alloc|virtual memory exhausted|\bMemoryError\b",
     re.IGNORECASE,
 )
+#: A write the kernel refused for lack of space: the build filled the disk (or its tmpfs)
+#: before the disk cap's next look.
+_NO_SPACE = re.compile(r"No space left on device|Disk quota exceeded|\bENOSPC\b")
 _ERROR_LINE = re.compile(
     r"(?P<line>(?:\S+\(\d+\)|\S+:\d+(?::\d+)?):? (?:fatal )?error[: ].*|"
     r"nvcc fatal\s*:.*|error: command .* failed.*)"
@@ -67,6 +70,10 @@ def classify_log(log: str, spec: BuildSpec, *, oom: bool = False) -> Classified:
         if m is not None:
             return Classified(FailureKind.INCOMPATIBLE,
                               template.format(**{**values, **m.groupdict()}))
+    if _NO_SPACE.search(log):
+        return Classified(FailureKind.TOO_LARGE,
+                          "the build ran out of disk space writing its workspace "
+                          "(No space left on device; WHEELHOUSE_BUILD_DISK_LIMIT_GIB)")
     if oom or _OOM.search(log):
         target = _NINJA_FAILED.search(log)
         where = f" while compiling {_short(target.group('target'))}" if target else ""

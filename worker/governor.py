@@ -10,6 +10,12 @@ program (its clients) are none. SIGSTOP doesn't free memory,
 but it stops a job from growing further while older jobs finish and release theirs. The last
 running job is never paused, so a build cannot deadlock; a paused build still obeys its deadline
 (the kill path sends SIGCONT after SIGTERM).
+
+What is *learned* from a build (:attr:`MemoryGovernor.compile_peaks`, the next MAX_JOBS'
+figure) is narrower: only the memory of a job's compiler processes (:data:`COMPILERS`, by
+program name), so a build that parks a big process of its own in a group of its own (or beside
+a compiler) does not teach its project's later builds that compiles need it. A build can still
+name a process like a compiler; :mod:`wheelhouse.maxjobs` bounds what any figure can move.
 """
 
 from __future__ import annotations
@@ -28,6 +34,17 @@ from worker.reaper import BuildProcess, signal_group_quietly, signal_quietly
 HORIZON = 1.0
 """Seconds ahead the governor projects the running jobs' growth (two ticks at 2 Hz)."""
 
+#: The programs a compile job's memory is learned from: nvcc and what it runs (cicc, ptxas,
+#: fatbinary, nvlink, cudafe++), the host compilers and their back ends, also under a target
+#: triple or a version (``x86_64-linux-gnu-g++-13``, ``clang++-18``).
+COMPILERS = re.compile(r"(?:[\w.]+-)*?(?:nvcc|cicc|ptxas|fatbinary|nvlink|cudafe\+\+|cc1|"
+                       r"cc1plus|gcc|g\+\+|c\+\+|cc|clang|clang\+\+)(?:-[\d.]+)?")
+
+
+def is_compiler(name: str) -> bool:
+    """Whether a process's name (``psutil.Process.name``) is one of :data:`COMPILERS`."""
+    return COMPILERS.fullmatch(name) is not None
+
 
 @dataclass
 class _Job:
@@ -38,6 +55,9 @@ class _Job:
     rss: int = 0
     rate: float = 0.0
     """Recent growth in bytes per second (0 while shrinking)."""
+    compile_rss: int = 0
+    """The part of ``rss`` held by compiler processes (:data:`COMPILERS`)."""
+    compile_peak: int = 0
     paused: bool = False
     alive: bool = True
     members: tuple[int, ...] = ()
@@ -82,8 +102,16 @@ class MemoryGovernor:
 
     @property
     def job_peaks(self) -> list[int]:
-        """Peak RSS of each compile job seen so far, in start order (bytes)."""
+        """Peak RSS of each job seen so far (whatever it runs: what pausing weighs), in start
+        order (bytes); :attr:`compile_peaks` is what is learned."""
         return [job.peak for job in sorted(self._jobs.values(), key=lambda j: j.started)]
+
+    @property
+    def compile_peaks(self) -> list[int]:
+        """Peak RSS of the compiler processes of each job that ran one, in start order (bytes):
+        what a build teaches the next MAX_JOBS."""
+        return [job.compile_peak for job in sorted(self._jobs.values(), key=lambda j: j.started)
+                if job.compile_peak > 0]
 
     @property
     def paused_jobs(self) -> int:
@@ -102,6 +130,7 @@ class MemoryGovernor:
         build_pgid = self.build.pid
         tree_rss = 0
         seen: dict[int, tuple[int, int, int, float]] = {}  # pid -> (ppid, pgid, rss, ctime)
+        compilers: set[int] = set()
         for proc in self.build.processes():
             try:
                 with proc.oneshot():
@@ -109,6 +138,9 @@ class MemoryGovernor:
                     pgid = os.getpgid(proc.pid)
                     ctime = proc.create_time()
                     ppid = proc.ppid()
+                    # Read each time, never cached: a shell of ninja's execs the compiler.
+                    if is_compiler(proc.name()):
+                        compilers.add(proc.pid)
             except (psutil.Error, OSError):
                 continue
             tree_rss += rss
@@ -118,11 +150,14 @@ class MemoryGovernor:
                    if pid == pgid != build_pgid and self._is_server(pid, ctime)}
         server_exes = {self._exe(pid, seen[pid][3]) for pid in servers} - {None}
         group_rss: dict[tuple[int, float], int] = {}
+        compile_rss: dict[tuple[int, float], int] = {}
         members: dict[tuple[int, float], list[int]] = {}
         for pid, (_, pgid, rss, _) in seen.items():
             key = self._job_of(pid, pgid, build_pgid, seen, servers, server_exes)
             if key is not None:
                 group_rss[key] = group_rss.get(key, 0) + rss
+                if pid in compilers:
+                    compile_rss[key] = compile_rss.get(key, 0) + rss
                 members.setdefault(key, []).append(pid)
         for job in self._jobs.values():
             job.alive = False
@@ -135,6 +170,8 @@ class MemoryGovernor:
                 job.rate = max(0.0, (rss - job.rss) / elapsed)
             job.rss = rss
             job.peak = max(job.peak, rss)
+            job.compile_rss = compile_rss.get(key, 0)
+            job.compile_peak = max(job.compile_peak, job.compile_rss)
             job.alive = True
         return tree_rss
 

@@ -67,7 +67,8 @@ class Ran:
     returncode: int | None
     """The main process's exit status (negative: killed by that signal)."""
     job_peaks: tuple[int, ...] = ()
-    """Under the memory governor: the peak memory of each compile job it saw."""
+    """Under the memory governor: the peak memory of the compilers of each compile job it saw
+    (:attr:`worker.governor.MemoryGovernor.compile_peaks`)."""
 
 
 @dataclass(frozen=True)
@@ -86,17 +87,23 @@ class Runner:
     @classmethod
     def start(cls, ctx: BuildContext, *, deadline: float, timeout: float) -> Runner:
         """Decide how this build is sandboxed, and say so in its log and record."""
-        # The worker checked at start-up; a host can lose what the sandbox needs since (a
-        # changed seccomp profile, a removed package), and then no step of this build may run.
-        why = startup_check(ctx.config)
-        if why is not None:
-            raise SandboxUnavailable(why)
-        sandbox = Sandbox.from_config(ctx.config)
+        try:
+            sandbox = Sandbox.from_config(ctx.config)
+        except ValueError as exc:
+            raise SandboxUnavailable(str(exc)) from None
         uid_lock = None
         if sandbox is not None:
             # A uid no other build on this host holds (docs/security.md, the sandbox's edge).
             sandbox, uid_lock = sandbox.claim(
                 wait=_waiter(ctx, deadline, "a free build uid (WHEELHOUSE_BUILD_UID_RANGE)"))
+            # The worker checked at start-up; a host can lose what the sandbox needs since (a
+            # changed seccomp profile, a removed package), and then no step of this build may
+            # run. The check runs as the uid just claimed, never as one another build holds.
+            why = startup_check(ctx.config, claimed=sandbox)
+            if why is not None:
+                if uid_lock is not None:
+                    os.close(uid_lock)
+                raise SandboxUnavailable(why)
         if sandbox is None:
             warning = ("WARNING: this build runs unsandboxed (WHEELHOUSE_BUILD_SANDBOX=off): "
                        "the sdist's code runs as the worker's user, sees its files and "
@@ -263,7 +270,7 @@ class Runner:
             if governor is not None:
                 governor.tick()
             if quota is not None:
-                quota.check()
+                quota.check(bp.processes)
             if limits is not None:  # processes and memory (past them: killed, too-large)
                 limits.check(bp.processes)
             ctx.log.pump()
@@ -281,7 +288,7 @@ class Runner:
                               f"the build ran past its {self.timeout:.0f} s deadline during "
                               f"{what} and was killed")
         return Ran(outcome.returncode,
-                   tuple(governor.job_peaks) if governor is not None else ())
+                   tuple(governor.compile_peaks) if governor is not None else ())
 
     def _measured(self, outcome: Outcome, governor: MemoryGovernor | None) -> None:
         """What the governor and the reaper saw, into the build's facts (also when it failed)."""

@@ -403,6 +403,20 @@ def remove_tree(path: Path) -> None:
         os.close(parent)
 
 
+def remove_entry(dirfd: int, name: str) -> None:
+    """Remove ``name`` of the directory ``dirfd``, a whole tree if it is a directory, without
+    following a link (missing is fine)."""
+    try:
+        st = os.lstat(name, dir_fd=dirfd)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        _remove_below(dirfd, name)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dirfd)
+
+
 def _remove_below(parent: int, name: str) -> None:
     # Iterative, by descriptor: a deep hostile tree can't exhaust the stack or PATH_MAX.
     stack = [(parent, name, os.open(name, _DIR_FLAGS, dir_fd=parent))]

@@ -178,7 +178,9 @@ class Sandbox:
     seccomp_dir: Path | None = None
     """Where the worker keeps the seccomp filter (:mod:`worker.seccomp`); None: no filter."""
     slots_dir: Path | None = None
-    """Where the locks of claimed uids live."""
+    """Where the locks of claimed uids live: one directory for the whole host
+    (``WHEELHOUSE_BUILD_UID_LOCK_DIR``), whatever each worker's workspace, so that two workers
+    on one host never hand out the same uid."""
 
     def __post_init__(self) -> None:
         if self.as_root and (self.uid <= 0 or self.gid <= 0):
@@ -198,7 +200,7 @@ class Sandbox:
         return cls(uid=first, gid=first, bwrap=config.build_sandbox_bwrap, uids=(first, last),
                    max_processes=max(0, config.build_max_processes),
                    seccomp_dir=workspace / ".sandbox" if seccomp.supported() else None,
-                   slots_dir=workspace / ".sandbox" / "uids")
+                   slots_dir=Path(config.build_uid_lock_dir))
 
     def claim(self, *, wait: Callable[[], None] | None = None) -> tuple[Sandbox, int | None]:
         """This sandbox with a uid of the range no other build on this host holds, and the lock
@@ -210,7 +212,7 @@ class Sandbox:
         """
         if not self.as_root or self.slots_dir is None:
             return self, None
-        self.slots_dir.mkdir(parents=True, exist_ok=True)
+        _lock_dir(self.slots_dir)
         while True:
             for uid in range(self.uids[0], self.uids[1] + 1):
                 fd = os.open(self.slots_dir / str(uid),
@@ -378,6 +380,23 @@ class Sandbox:
         return [*out, *argv]
 
 
+def _lock_dir(path: Path) -> None:
+    """Create the host-wide uid lock directory, root's and 0700, or check the one there.
+
+    Builds must not reach it: a build uid that could replace a lock file could make two
+    builds share a uid. So it is a real directory of the worker's, writable by it alone.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise SandboxUnavailable(f"{path} (WHEELHOUSE_BUILD_UID_LOCK_DIR) is not a directory "
+                                 "of the worker's own")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(path, 0o700, follow_symlinks=False)
+
+
 def _is_system(path: Path) -> bool:
     """Already visible through a system mount (e.g. a toolkit under /usr/local)."""
     return any(path.is_relative_to(name) for name in SYSTEM_PATHS)
@@ -457,18 +476,50 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 # --- fail closed --------------------------------------------------------------------------
 
 
-def startup_check(config: Config) -> str | None:
+def startup_check(config: Config, *, claimed: Sandbox | None = None) -> str | None:
     """Create a sandbox as builds get it and run ``true`` in it; None when that worked.
 
     Otherwise one line saying why not, for the worker to print before it refuses build jobs.
     With ``WHEELHOUSE_BUILD_SANDBOX=off`` there is nothing to check (the worker warns instead).
+    ``claimed`` is a sandbox whose uid the caller holds (a build's own); without it the check
+    claims a uid of the range for as long as it runs, as a build would: running as a uid some
+    build on the host holds would share that build's identity.
     """
+    lock = None
+    if claimed is None:
+        try:
+            sandbox = Sandbox.from_config(config)
+        except ValueError as exc:
+            return str(exc)
+        if sandbox is None:
+            return None
+        try:
+            claimed, lock = sandbox.claim(wait=_check_waiter())
+        except SandboxUnavailable as exc:
+            return f"the build sandbox is unavailable: {exc}"
+        except OSError as exc:
+            return f"the build sandbox cannot be created: {exc}"
     try:
-        sandbox = Sandbox.from_config(config)
-    except ValueError as exc:
-        return str(exc)
-    if sandbox is None:
-        return None
+        return _check(config, claimed)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _check_waiter() -> Callable[[], None]:
+    """Wait for a free uid up to the check's timeout, then give up (every uid is busy)."""
+    end = time.monotonic() + _CHECK_TIMEOUT
+
+    def wait() -> None:
+        if time.monotonic() > end:
+            raise SandboxUnavailable(f"no build uid of WHEELHOUSE_BUILD_UID_RANGE came free "
+                                     f"within {_CHECK_TIMEOUT:.0f} s")
+        time.sleep(0.5)
+
+    return wait
+
+
+def _check(config: Config, sandbox: Sandbox) -> str | None:
     workspace = Path(config.workspace).resolve()
     try:
         workspace.mkdir(parents=True, exist_ok=True)
@@ -496,14 +547,18 @@ def startup_check(config: Config) -> str | None:
 
 
 class DiskQuota:
-    """A cap on what a build writes into its writable paths, measured by walking them.
+    """A cap on what a build writes into its writable paths, enforced by polling.
 
     Kernel quotas would be exact but need a filesystem prepared for them (project quotas) or a
-    loop device per build, which neither containers nor most hosts give a worker. So the worker
-    measures allocated blocks (hard links counted once, links never followed) every ``every``
-    seconds from the reaper's tick and kills the build past the cap: it may overshoot by what
-    the build writes between two looks. The RAM-backed ``/tmp`` and ``/dev/shm`` have their own
-    hard cap (``TMPFS_BYTES``).
+    loop device per build, which neither containers nor most hosts give a worker (and a sized
+    tmpfs per build would put its whole workspace in RAM). So the worker measures, every
+    ``every`` seconds from the reaper's tick, the blocks allocated below the paths (st_blocks,
+    never st_size, so a sparse file counts what it holds and a preallocated one all of it;
+    hard links counted once, links never followed) and the files the build's processes hold
+    open, or mapped, after unlinking them (found through ``/proc/<pid>/fd`` and
+    ``/proc/<pid>/map_files``, stat-ed there, never opened), and kills the build past the cap:
+    it may overshoot by what the build writes between two looks. The RAM-backed ``/tmp`` and
+    ``/dev/shm`` have their own hard cap (``TMPFS_BYTES``).
 
     ``shared`` paths outlive the build (the compile cache's directory): only what they grow by
     after the quota is made counts, not what earlier builds left there.
@@ -517,6 +572,8 @@ class DiskQuota:
         self.every = every
         self.max_entries = max_entries
         self.peak = 0
+        self.peak_unlinked = 0
+        """Most bytes seen in files the build held open after unlinking them."""
         self._next = 0.0
         self._shared_before = self._measure(self.shared)
 
@@ -527,12 +584,15 @@ class DiskQuota:
             return None
         return cls(paths, int(config.build_disk_limit_gib * GIB), shared=shared)
 
-    def usage(self) -> int:
-        """Bytes the build holds below the paths (and has added below the shared ones); raise
-        ``BuildFailed`` for a tree too big to walk."""
-        total = (self._measure(self.paths)
+    def usage(self, processes: Iterable[psutil.Process] = ()) -> int:
+        """Bytes the build holds below the paths (and has added below the shared ones), and in
+        unlinked files ``processes`` keep open there; raise ``BuildFailed`` for a tree too big
+        to walk."""
+        unlinked = self._unlinked(processes)
+        total = (self._measure(self.paths) + unlinked
                  + max(0, self._measure(self.shared) - self._shared_before))
         self.peak = max(self.peak, total)
+        self.peak_unlinked = max(self.peak_unlinked, unlinked)
         return total
 
     def _measure(self, paths: Iterable[Path]) -> int:
@@ -557,21 +617,83 @@ class DiskQuota:
                               ) from None
         return total
 
-    def check(self) -> None:
+    def _unlinked(self, processes: Iterable[psutil.Process]) -> int:
+        """Blocks of the unlinked regular files the processes hold, on the filesystems of the
+        capped paths (each inode once: many descriptors may share one file)."""
+        devices = set()
+        for root in (*self.paths, *self.shared):
+            with contextlib.suppress(OSError):
+                devices.add(os.lstat(root).st_dev)
+        seen: set[tuple[int, int]] = set()
+        total = looked = 0
+        for proc in processes:
+            for handle in _unlinked_handles(proc.pid):
+                looked += 1
+                if looked > self.max_entries:
+                    raise BuildFailed(FailureKind.TOO_LARGE,
+                                      f"the build held more than {self.max_entries} files open")
+                try:
+                    st = os.stat(handle)  # the open file itself; the kernel resolves it
+                except OSError:
+                    continue  # closed, or the process ended, while we looked
+                key = (st.st_dev, st.st_ino)
+                if stat.S_ISREG(st.st_mode) and st.st_dev in devices and key not in seen:
+                    seen.add(key)
+                    total += st.st_blocks * 512
+        return total
+
+    def check(self, processes: Callable[[], Iterable[psutil.Process]] | None = None) -> None:
         """Measure when due; raise ``BuildFailed`` (too-large) past the cap.
 
-        Call it from ``BuildProcess.wait``'s ``on_tick``: an exception there kills the tree.
+        Call it from ``BuildProcess.wait``'s ``on_tick`` with ``BuildProcess.processes``: an
+        exception there kills the tree.
         """
         now = time.monotonic()
         if now < self._next:
             return
         self._next = now + self.every
-        used = self.usage()
+        used = self.usage(processes() if processes is not None else ())
         if used > self.limit_bytes:
+            held = (f", {_size(self.peak_unlinked)} of it in files it unlinked but kept open"
+                    if self.peak_unlinked else "")
             raise BuildFailed(FailureKind.TOO_LARGE,
-                              f"the build wrote {used / GIB:.1f} GiB into its workspace, over "
-                              f"the {self.limit_bytes / GIB:.1f} GiB cap "
+                              f"the build wrote {_size(used)} into its workspace{held}, over "
+                              f"the {_size(self.limit_bytes)} cap "
                               "(WHEELHOUSE_BUILD_DISK_LIMIT_GIB)")
+
+
+_DELETED = " (deleted)"
+_MAX_MAPS_BYTES = 16 * 1024 * 1024
+
+
+def _unlinked_handles(pid: int) -> Iterator[str]:
+    """``/proc`` paths of the files ``pid`` holds open or mapped whose names are gone.
+
+    Only the kernel's own text is read (link targets, ``maps``); the files are stat-ed
+    through these paths by the caller, never opened.
+    """
+    fds = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(fds)
+    except OSError:
+        return
+    for name in names:
+        try:
+            target = os.readlink(f"{fds}/{name}")
+        except OSError:
+            continue
+        if target.endswith(_DELETED):
+            yield f"{fds}/{name}"
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as maps:
+            text = maps.read(_MAX_MAPS_BYTES)
+    except OSError:
+        return
+    for line in text.splitlines():
+        # start-end perms offset dev inode path; the kernel escapes newlines in the path.
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[4] != b"0" and line.endswith(_DELETED.encode()):
+            yield f"/proc/{pid}/map_files/{fields[0].decode()}"
 
 
 # --- what leaves the sandbox --------------------------------------------------------------

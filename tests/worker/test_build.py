@@ -75,6 +75,8 @@ ninja: build stopped: subcommand failed.
          "did not run successfully.\n  │ exit code: 1\nerror: metadata-generation-failed\n"
          "hint: See above for details.\n", FailureKind.COMPILE_ERROR,
          "the build failed: cext: no CUDA_HOME"),
+        ("FAILED: /w/build/a.o\n/usr/bin/ld: final link failed: No space left on device\n",
+         FailureKind.TOO_LARGE, "ran out of disk space"),
     ],
 )
 def test_classify_says_why_in_one_line(log: str, kind: FailureKind, reason: str) -> None:

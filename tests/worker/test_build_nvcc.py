@@ -17,7 +17,7 @@ from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvc
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
-from wheelhouse.maxjobs import learned_per_thread
+from wheelhouse.maxjobs import learned_job_peaks
 from wheelhouse.storage import open_storage
 from worker.build import run_build
 from worker.steps.publish import log_key
@@ -85,7 +85,9 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
     assert build.peak_tree_bytes is not None and build.peak_tree_bytes > 0
     # Learned under the job's effective threads (one target: one thread), for the next MAX_JOBS.
     assert build.max_jobs.targets == 1 and build.max_jobs.effective_threads == 1
-    assert learned_per_thread(storage, "cudaext", "13.0", nvcc_threads=1, archs=1) is not None
+    # Only the compilers' memory (nvcc and what it runs), under the project's own key.
+    learned = learned_job_peaks(storage, "cudaext", "cudaext", "13.0")
+    assert list(learned) == [1] and learned[1] == [build.peak_job_bytes]
     assert build.device_code is not None and build.sass_archs == ["80"]
     assert build.patches == ()  # the fixture's recipe has none
     # Its variant form (made in the sandbox by worker.untrusted) was published beside it.

@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from worker.buildlog import LIVE_LIMIT, BuildLog
+from worker.buildlog import LIVE_LIMIT, BuildLog, plain
 from worker.reaper import BuildProcess
 
 MiB = 1 << 20
@@ -57,7 +57,46 @@ def test_pump_reports_complete_lines_and_the_last_progress(tmp_path: Path) -> No
     assert seen.progress == [(2, 96), (3, 96)]
     log.pump()  # nothing new: nothing reported
     assert len(seen.lines) == 4 and len(seen.progress) == 2
-    assert log.path.read_bytes().endswith(b"c.cu\r\ncaf\xc3\xa9 \xff\n")
+    assert log.path.read_bytes().endswith(b"c.cu\ncaf\xc3\xa9 \xff\n")  # no \r kept
+
+
+#: What a hostile (or just colourful) build prints, in pieces that cut its sequences in two:
+#: colours, an OSC window title (BEL- and ST-ended), cursor moves, a hyperlink, C0 and C1
+#: controls, and a note that says it wants the worker's terminal.
+COLOURFUL = [
+    b"\x1b[1;31merror\x1b[0m: oops\n\x1b]0;pwned title\x07",
+    b"next \x1b[", b"32mgreen\x1b", b"[0m\n\x1b]2;another", b" title\x1b\\line\x1b[2K\x1b[1A",
+    b"\r\x00bell\x07 tab\there\x1b]8;;http://x/\x1b\\link\x1b]8;;\x1b\\\n",
+    b"c1 \xc2", b"\x9b31m csi \xc2\xa0nbsp caf\xc3\xa9\n\x1b[",
+]
+PLAIN = (b"error: oops\nnext green\nline"
+         b"bell tab\there" b"link\n"
+         b"c1 31m csi \xc2\xa0nbsp caf\xc3\xa9\n")  # the unfinished "ESC [" at the end too
+
+
+def test_terminal_control_sequences_are_stripped_and_the_text_kept(tmp_path: Path) -> None:
+    """A real program writes the pieces with pauses (so the drain reads them one by one): the
+    stored log, its tail and the live lines are plain text, whatever the cuts."""
+    seen = _Seen()
+    log = seen.log(tmp_path / "build.log")
+    code = ("import sys, time, ast\n"
+            "for piece in ast.literal_eval(sys.argv[1]):\n"
+            "    sys.stdout.buffer.write(piece); sys.stdout.flush(); time.sleep(0.05)\n")
+    read_end, write_end = os.pipe()
+    build = BuildProcess.start([sys.executable, "-c", code, repr(COLOURFUL)],
+                               build_id=f"test-log-{uuid.uuid4().hex[:8]}", env=dict(os.environ),
+                               cwd=tmp_path, stdout=write_end)
+    os.close(write_end)
+    drain = log.drain(read_end)
+    assert build.wait(deadline=time.monotonic() + 30).returncode == 0
+    drain.close()
+    log.write("the build said \x1b]0;title\x07 \x1b[31mthis\x1b[0m")
+    stored = log.path.read_bytes()
+    assert stored == PLAIN + b"wheelhouse: the build said  this\n"
+    assert not any(b in stored for b in (b"\x1b", b"\x07", b"\r", b"\x00", b"\xc2\x9b"))
+    assert log.tail() == stored.decode()
+    assert "".join(seen.lines).find("\x1b") == -1 and "line" in "".join(seen.lines)
+    assert plain(b"".join(COLOURFUL)) == PLAIN
 
 
 def test_tail_is_the_end_of_the_file(tmp_path: Path) -> None:

@@ -16,6 +16,9 @@ from tests.worker.conftest import CUDAEXT
 from wheelhouse.buildfacts import CompileCacheStats
 from wheelhouse.storage import S3Storage
 from worker.compilecache import (
+    LAYOUT_DIR,
+    MAX_CACHE_ENTRIES,
+    MAX_PUSH_ENTRIES,
     NO_WRAPPER,
     SCCACHE_VERSION,
     SERVER_MARK,
@@ -274,6 +277,39 @@ def test_nvcc_cacheable_matches_what_the_pinned_sccache_does(
     assert (done.returncode == 0) is cacheable, done.stderr
     if not cacheable:
         assert "Could not open input file 'add.cubin'" in done.stderr
+
+
+def test_tidy_removes_directories_outside_the_layout_and_caps_the_entries(
+    tmp_path: Path,
+) -> None:
+    """A build that plants thousands of directories (they would be chowned to the next build
+    of the project) leaves none of them, and no more than the cap of entries stays."""
+    cache = tmp_path / "cache" / "demo" / "cu130"
+    cache.mkdir(parents=True)
+    for n in range(2000):
+        (cache / f"planted-{n}" / "deeper").mkdir(parents=True)
+    (cache / "a" / "b" / "not-a-layout-dir" / "x").mkdir(parents=True)  # below layout dirs
+    (cache / "preprocessor" / "1" / "5" / "6" / "7").mkdir(parents=True)
+    (cache / "preprocessor" / "1" / "5" / "6" / "7" / "file").write_bytes(b"x")
+    (cache / "ab").mkdir()  # a layout dir's name is one hex digit
+    kept = []
+    for n in range(30):
+        name = f"{n % 16:x}{n % 7:x}" + f"{n:062x}"
+        path = cache / name[0] / name[1] / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        os.utime(path, (1_000_000 + n, 1_000_000 + n))
+        kept.append(path)
+
+    done = tidy(cache, max_bytes=1 << 30, max_entries=10)
+
+    assert done.dropped == 2000 + 3
+    assert done.evicted == 20
+    dirs = {str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_dir()}
+    assert all(LAYOUT_DIR.fullmatch(d) for d in dirs), sorted(dirs)[:5]
+    files = sorted(p for p in cache.rglob("*") if not p.is_dir())
+    assert files == sorted(kept[20:])  # the ten newest
+    assert MAX_CACHE_ENTRIES >= MAX_PUSH_ENTRIES  # a push's worth always fits
 
 
 def test_tidy_bounds_what_a_build_left_in_its_cache_directory(tmp_path: Path) -> None:

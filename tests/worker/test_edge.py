@@ -13,7 +13,9 @@ written through those links into a directory the worker's own Python reads.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -145,3 +147,70 @@ def test_an_unregistered_writable_place_is_refused(tmp_path: Path) -> None:
                  tmp_path / "c" / "p"):
         with pytest.raises(SandboxUnavailable, match="not a registered"):
             writable_place(path, **where)
+
+
+def test_a_build_that_hides_a_big_file_by_unlinking_it_is_too_large(tmp_path: Path) -> None:
+    """A child of the build preallocates 256 MiB in the source tree, unlinks it and sleeps
+    holding it open (the disk cap is 64 MiB): through the real pipeline, the build ends as
+    too-large, its processes are gone and the space is free again."""
+    config = build_config(tmp_path, build_disk_limit_gib=64 / 1024)
+    storage = open_storage(config)
+    src = tmp_path / "cext-src"
+    shutil.copytree(FIXTURES / "cext", src)
+    (src / "build-options.json").write_text(json.dumps({"hold_unlinked_mib": 256}))
+    sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
+    home = fake_cuda_toolkit(tmp_path / "cuda-13.0", "13.0")
+    toolkit = ToolkitInfo(cuda="13.0", home=str(home), nvcc=str(home / "bin" / "nvcc"),
+                          release="V13.0.93")
+    free_held: list[int] = []  # free space while the file was held
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set() and not free_held:
+            if _holders(tmp_path.name):
+                free_held.append(shutil.disk_usage(tmp_path).free)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(BuildFailed) as failed:
+            run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                      toolkits=[toolkit], max_jobs=1)
+    finally:
+        done.set()
+        watcher.join()
+
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    held = [line for line in log.splitlines() if "cext: holding pid" in line]
+    assert held, log[-3000:]
+    assert failed.value.kind is FailureKind.TOO_LARGE, failed.value
+    assert "unlinked but kept open" in failed.value.reason
+    assert time.monotonic() - started < 300  # killed, not left to its deadline
+    # No process anywhere on the host still holds the file (the holder's pid above is its
+    # sandbox's own, so the host's descriptors are searched instead).
+    assert _holders(tmp_path.name) == []
+    assert not list(storage.list("wheels/"))
+    # The 256 MiB came back (the workspace's removal only adds to it).
+    assert free_held, "the watcher never saw the file held"
+    assert shutil.disk_usage(tmp_path).free >= free_held[0] + 192 * 1024**2
+
+
+def _holders(marker: str) -> list[str]:
+    """Descriptors of any host process that hold an unlinked ``held.bin`` whose path names
+    ``marker`` (this test's directory), found by their link text."""
+    found = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            names = list(fd_dir.iterdir())
+        except OSError:
+            continue
+        for fd in names:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.endswith("held.bin (deleted)") and marker in target:
+                found.append(f"{fd}: {target}")
+    return found

@@ -6,6 +6,7 @@ pressure comes from an artificial budget. The assertions look at the processes' 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -93,6 +94,37 @@ def test_hogs_are_paused_and_resumed_and_the_build_completes(
     assert governor.min_available is not None and governor.min_available >= 0
     assert len(governor.job_peaks) == 4
     assert all(peak >= 200 * MiB for peak in governor.job_peaks)
+
+
+def test_only_compilers_memory_is_learned(tmp_path: Path, builds: list[BuildProcess]) -> None:
+    """A build that parks 300 MiB in a group of its own, and 300 MiB more in a plain child of
+    its compile job, teaches only what its compiler (``cc1plus``) held: the learned figure of
+    its project is not raised by what it parked."""
+    links = tmp_path / "links"
+    links.mkdir()
+    build = BuildProcess.start(
+        [sys.executable, str(HOSTILE / "parked_hog.py"), str(links), "100", "300"],
+        build_id=f"test-{os.getpid()}-parked", env=dict(os.environ), cwd=tmp_path,
+        log_path=tmp_path / "build.log")
+    builds.append(build)
+    governor = MemoryGovernor(build, budget_bytes=64 << 30, low_watermark=0, high_watermark=0)
+    names: set[str] = set()
+
+    def tick() -> None:
+        governor.tick()
+        for proc in build.processes():
+            with contextlib.suppress(psutil.Error):
+                names.add(proc.name())
+
+    outcome = build.wait(deadline=time.monotonic() + 60, on_tick=tick, tick=0.1)
+
+    assert outcome.returncode == 0, (tmp_path / "build.log").read_text()
+    assert "cc1plus" in names
+    # The governor saw the parked memory (both groups are jobs to pause) ...
+    assert max(governor.job_peaks) >= 300 * MiB
+    # ... but learns only the compiler's 100 MiB (and its interpreter's few MiB).
+    assert len(governor.compile_peaks) == 1
+    assert 100 * MiB <= governor.compile_peaks[0] < 200 * MiB
 
 
 def test_under_the_compile_cache_each_child_of_the_server_is_a_job(

@@ -291,7 +291,7 @@ def test_the_check_fails_closed_with_one_line(
 def test_the_check_passes_where_the_sandbox_works_and_cleans_up(tmp_path: Path) -> None:
     config = Config(workspace=str(tmp_path / "work"))
     assert startup_check(config) is None
-    # What stays: the worker's own directory (the seccomp filter, the uid locks).
+    # What stays: the worker's own directory (the seccomp filter; the uid locks are host-wide).
     assert [p.name for p in (tmp_path / "work").iterdir()] == [".sandbox"]
 
 
@@ -390,6 +390,51 @@ def test_the_disk_quota_kills_a_build_that_writes_too_much(
     assert "WHEELHOUSE_BUILD_DISK_LIMIT_GIB" in failed.value.reason
     assert quota.peak > 16 * MiB
     assert build.processes() == []
+
+
+HOLD_UNLINKED = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.posix_fallocate(fd, 0, 256 << 20)
+os.unlink(sys.argv[1])
+print('holding', flush=True)
+time.sleep(1000)
+"""
+
+
+def test_the_disk_quota_counts_files_held_open_after_unlinking_them(
+    workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    """No walk sees a file that was unlinked while open: the quota finds it through the
+    build's descriptors (st_blocks: the preallocated 256 MiB, not a sparse size)."""
+    build = workspace.start(sandbox, [str(workspace.python), "-c", HOLD_UNLINKED,
+                                      str(workspace.dist / "held.bin")])
+    quota = DiskQuota(workspace.layout.all_writable, 64 * MiB, every=0.1)
+    free_before = shutil.disk_usage(workspace.root).free
+
+    with pytest.raises(BuildFailed) as failed:
+        build.wait(deadline=time.monotonic() + 60,
+                   on_tick=lambda: quota.check(build.processes), tick=0.1, grace=0.2)
+
+    assert "holding" in workspace.log.read_text()
+    assert failed.value.kind is FailureKind.TOO_LARGE
+    assert "unlinked but kept open" in failed.value.reason
+    assert quota.peak_unlinked >= 256 * MiB
+    assert build.processes() == []
+    assert list(workspace.dist.iterdir()) == []  # nothing to walk, ever
+    # The space came back with the processes (others' writes meanwhile aside).
+    assert shutil.disk_usage(workspace.root).free > free_before - 128 * MiB
+
+
+def test_disk_quota_counts_allocated_blocks_not_sizes(tmp_path: Path) -> None:
+    data = tmp_path / "w"
+    data.mkdir()
+    with open(data / "sparse", "wb") as f:
+        f.truncate(GIB)  # a hole: nothing allocated
+    fd = os.open(data / "preallocated", os.O_RDWR | os.O_CREAT)
+    os.posix_fallocate(fd, 0, 8 * MiB)
+    os.close(fd)
+    assert 8 * MiB <= DiskQuota([data], GIB).usage() < 9 * MiB
 
 
 def test_disk_quota_counts_hard_links_once_and_follows_no_link(tmp_path: Path) -> None:
@@ -627,7 +672,7 @@ def test_two_builds_at_once_have_two_uids_and_see_nothing_of_each_other(
         assert first.uid != second.uid and first.uid in sandbox.range_uids
         a = Workspace(tmp_path / "work" / "build-a", build_python)
         b = Workspace(tmp_path / "work" / "build-b", build_python)
-        a.root.mkdir()
+        a.root.mkdir(parents=True)
         b.root.mkdir()
         secret = a.layout.home / "secret"
         keeper = a.start(first, [str(build_python), "-c",
@@ -651,3 +696,59 @@ def test_two_builds_at_once_have_two_uids_and_see_nothing_of_each_other(
     again, lock = sandbox.claim()
     assert lock is not None and again.uid == first.uid
     os.close(lock)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="builds have their own uids only under a root worker")
+def test_workers_with_different_workspaces_never_share_a_uid(tmp_path: Path) -> None:
+    """The claim locks are host-wide (WHEELHOUSE_BUILD_UID_LOCK_DIR), not per workspace: two
+    workers on one host hand out different uids while both builds hold theirs."""
+    one = Sandbox.from_config(Config(workspace=str(tmp_path / "worker-1")))
+    two = Sandbox.from_config(Config(workspace=str(tmp_path / "worker-2")))
+    assert one is not None and two is not None
+    assert one.slots_dir == two.slots_dir == Path(Config().build_uid_lock_dir)
+    first, lock_a = one.claim()
+    second, lock_b = two.claim()
+    try:
+        assert lock_a is not None and lock_b is not None
+        assert first.uid != second.uid
+        held = os.lstat(one.slots_dir)
+        assert stat.S_IMODE(held.st_mode) == 0o700 and held.st_uid == 0
+    finally:
+        for lock in (lock_a, lock_b):
+            if lock is not None:
+                os.close(lock)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="builds have their own uids only under a root worker")
+def test_the_startup_check_runs_as_a_uid_it_holds(tmp_path: Path) -> None:
+    """The check claims its uid as a build does: with the range's one uid held by a build, it
+    waits until that build lets go rather than run as the build's identity."""
+    import threading
+
+    config = Config(workspace=str(tmp_path / "work"), build_uid_range="65490",
+                    build_uid_lock_dir=str(tmp_path / "uids"))
+    sandbox = Sandbox.from_config(config)
+    assert sandbox is not None
+    build, held = sandbox.claim()
+    assert held is not None and build.uid == 65490
+    lock: int = held
+    released = 0.0
+
+    def release() -> None:
+        nonlocal released
+        time.sleep(1.5)
+        released = time.monotonic()
+        os.close(lock)
+
+    letting_go = threading.Thread(target=release)
+    letting_go.start()
+    try:
+        assert startup_check(config) is None
+        checked = time.monotonic()
+    finally:
+        letting_go.join()
+    assert released and checked >= released
+    # ... and it let go of the uid when done: the next build gets it at once.
+    again, second = sandbox.claim()
+    assert second is not None and again.uid == 65490
+    os.close(second)

@@ -41,7 +41,8 @@ def choose_max_jobs(ctx: BuildContext, override: int | None) -> MaxJobs:
     """RAM-aware MAX_JOBS (:func:`wheelhouse.maxjobs.decide`), or the caller's ``override``."""
     mem = psutil.virtual_memory()
     reserve = int(ctx.config.build_reserve_gib * GIB) or None
-    jobs = decide(ctx.storage, recipe=ctx.recipe.name, cuda=ctx.spec.cuda,
+    jobs = decide(ctx.storage, recipe=ctx.recipe.name, project=ctx.spec.project,
+                  cuda=ctx.spec.cuda,
                   recipe_per_thread=ctx.recipe.job_memory_bytes,
                   nvcc_threads=ctx.recipe.nvcc_threads, available=int(mem.available),
                   archs=ctx.recipe.targets_for(ctx.spec.variant),
@@ -139,13 +140,15 @@ def take_wheel_out(ctx: BuildContext, dist: Path) -> Path:
 
 
 def learn_peaks(ctx: BuildContext, peaks: tuple[int, ...]) -> None:
-    """Store the compile jobs' peak memory, so the next MAX_JOBS for this recipe knows it."""
+    """Store the compile jobs' peak memory, so the next MAX_JOBS for this project knows it
+    (``peaks``: the compilers' own, :attr:`worker.governor.MemoryGovernor.compile_peaks`)."""
     if not peaks:
         return
     try:
-        per_thread = record_peaks(ctx.storage, ctx.recipe.name, ctx.spec.cuda, list(peaks),
-                                  ctx.recipe.nvcc_threads,
-                                  archs=ctx.recipe.targets_for(ctx.spec.variant))
+        per_thread = record_peaks(ctx.storage, ctx.recipe.name, ctx.spec.project,
+                                  ctx.spec.cuda, list(peaks), ctx.recipe.nvcc_threads,
+                                  archs=ctx.recipe.targets_for(ctx.spec.variant),
+                                  recipe_per_thread=ctx.recipe.job_memory_bytes)
     except (OSError, WheelhouseError) as exc:
         ctx.say(f"could not record memory statistics: {exc}")
         return
