@@ -14,6 +14,7 @@ from web import auth
 from web.api import base_url
 from web.builds import JOB_ID, build_view, request_view, spec_of
 from web.services import services
+from wheelhouse.errors import FailureKind
 from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
 
@@ -41,8 +42,12 @@ def build(job_id: str) -> str:
     return render_template(
         "build.html", view=view, status=status, spec=spec, log=lines,
         can_cancel=auth.may_cancel(info, job_id) and not status.finished,
+        # A worker's setting that points nowhere fails every rerun the same way: the page says
+        # what to change (the reason names the setting) instead of offering one.
         retry_url=url_for("requestpage.request_form", **_retry_args(status.spec))
-        if status.state in (BuildState.FAILED, BuildState.CANCELLED) else None,
+        if status.state in (BuildState.FAILED, BuildState.CANCELLED)
+        and status.failure_kind is not FailureKind.MISCONFIGURED else None,
+        misconfigured=status.failure_kind is FailureKind.MISCONFIGURED,
     )
 
 

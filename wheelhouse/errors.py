@@ -181,6 +181,9 @@ class FailureKind(StrEnum):
     """What the build left where the worker reads its results (the wheel, statistics, cache
     entries) is a link, FIFO, device or socket, or over its size cap: never followed or read,
     nothing published, not retried."""
+    MISCONFIGURED = "misconfigured"
+    """The worker's settings point at something that does not exist from where it runs (an
+    index whose host name does not resolve): not retried; the reason names the setting."""
     UNSAFE_REQUIREMENT = "unsafe-requirement"
     """A build requirement of the sdist is not a name and version specifiers (a direct
     reference ``name @ url`` or a local path): never installed, not retried."""

@@ -113,6 +113,32 @@ def classify_install(log: str, what: str) -> Classified | None:
                       f"WHEELHOUSE_TORCH_FIND_LINKS): {detail}")
 
 
+#: uv's and pip's words for a host name that does not resolve.
+_UNRESOLVED = re.compile(r"dns error|failed to lookup address information|Name or service not "
+                         r"known|Temporary failure in name resolution|nodename nor servname",
+                         re.I)
+_URL = re.compile(r"https?://[^\s`'\")>]+")
+
+
+def classify_unreachable(log: str, what: str, *, torch_index: str) -> Classified | None:
+    """An installer that failed because an index's host name does not resolve: the worker's
+    setting, not the network's mood, so not retried; one line that says which URL it tried and
+    which setting points elsewhere (``torch_index``: the torch index's URL as configured)."""
+    line = next((ln for ln in log.splitlines() if _UNRESOLVED.search(ln)), None)
+    if line is None:
+        return None
+    near = log[:log.find(line) + len(line)]
+    urls = _URL.findall(near)
+    url = urls[-1].rstrip(".,:;") if urls else "an index"
+    host = url.split("/")[2] if "://" in url else url
+    torch_host = torch_index.split("/")[2] if "://" in torch_index else ""
+    setting = ("WHEELHOUSE_TORCH_INDEX_URL" if torch_host and host == torch_host
+               else "WHEELHOUSE_BUILD_INDEX_URL")
+    return Classified(FailureKind.MISCONFIGURED,
+                      f"{what}: {host} does not resolve (tried {_short(url, 200)}): set "
+                      f"{setting} to an index this worker reaches")
+
+
 def _short(text: str, limit: int = 160) -> str:
     """Drop the workspace path prefix of a file name and cap the length."""
     text = re.sub(r"/\S*/(?=[^/\s]+\.(?:cu|cpp|cc|h|cuh|hpp|o)\b)", "", text.strip())

@@ -37,7 +37,7 @@ from wheelhouse.errors import (
 )
 from worker import safefs
 from worker.buildenv import sanitized_env
-from worker.failures import classify_install
+from worker.failures import classify_install, classify_unreachable
 from worker.governor import MemoryGovernor
 from worker.reaper import BuildProcess, Outcome
 from worker.sandbox import (
@@ -315,6 +315,10 @@ class Runner:
                                f"a build requirement has no wheel for this platform, and "
                                f"workers never build one outside the sandbox: "
                                f"{because.removeprefix('cause: ')[:300]}")
+        unresolved = classify_unreachable(text, what,
+                                          torch_index=self.ctx.config.torch_index_url)
+        if unresolved is not None:
+            return unresolved.error()
         unsatisfiable = classify_install(text, what)
         if unsatisfiable is not None:
             return unsatisfiable.error()

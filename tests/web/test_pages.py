@@ -535,6 +535,18 @@ def test_build_page_of_a_failure_puts_the_reason_first(fleet_client: FlaskClient
     assert "Request it again" in page
 
 
+def test_build_page_of_a_misconfigured_worker_says_what_to_change_not_to_retry(
+        fleet_client: FlaskClient, conn: Redis) -> None:
+    reason = ("installing torch and the build requirements: download.pytorch.org does not "
+              "resolve (tried https://download.pytorch.org/whl/cu128/torch/): set "
+              "WHEELHOUSE_TORCH_INDEX_URL to an index this worker reaches")
+    job_id = _as_worker(conn, _spec(), JobStatus.FAILED, phase="failed",
+                        failure={"kind": "misconfigured", "reason": reason})
+    page = fleet_client.get(f"/builds/{job_id}").text
+    assert "Request it again" not in page
+    assert "WHEELHOUSE_TORCH_INDEX_URL" in page and "an operator changes the setting" in page
+
+
 def test_build_page_of_a_built_wheel_shows_the_install_command(
         fleet_client: FlaskClient, conn: Redis) -> None:
     spec = _spec(archs=("90",))

@@ -604,3 +604,25 @@ def test_a_direct_reference_among_the_build_requirements_fails_at_once(
     assert "'evil @ file:///etc/shadow' is a direct reference" in failed.value.reason
     log = storage.get_bytes(log_key(CEXT)).decode()
     assert "FAILED [unsafe-requirement]" in log and "uv pip install" not in log
+
+
+def test_a_torch_index_that_does_not_resolve_names_its_setting_and_is_not_retried(
+    tmp_path: Path, toolkit: ToolkitInfo,
+) -> None:
+    """Issue 30: a new user's first build failed with 'Name or service not known' until they
+    found WHEELHOUSE_TORCH_INDEX_URL. One line with the URL and the setting; one attempt."""
+    sdist = make_sdist(FIXTURES / "cext", tmp_path / "sdist", "cext", "0.1.0")
+    config = build_config(tmp_path, torch_index_url="http://torch-index.invalid/whl/{cu}",
+                          torch_find_links="")
+    storage = open_storage(config)
+    with pytest.raises(BuildFailed) as failed:
+        run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                  toolkits=[toolkit])
+    assert failed.value.kind is FailureKind.MISCONFIGURED
+    assert not failed.value.kind.retryable
+    reason = failed.value.reason
+    assert "\n" not in reason
+    assert "torch-index.invalid does not resolve (tried http://torch-index.invalid/whl/" in reason
+    assert reason.endswith("set WHEELHOUSE_TORCH_INDEX_URL to an index this worker reaches")
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert log.count("$ ") and log.count("--extra-index-url http://torch-index.invalid") == 1
