@@ -24,7 +24,7 @@ from web import create_app
 from wheelhouse.cli import pass_config, storage_option
 from wheelhouse.config import ENV_PREFIX, Config
 from wheelhouse.errors import WheelhouseError
-from wheelhouse.localredis import private_redis
+from wheelhouse.localredis import LocalRedisError, private_redis
 
 #: ``--worker-class`` choices: gunicorn's worker that ``serve`` runs, by its short name.
 WORKER_CLASSES = {"gevent": "web.geventworker.GeventWorker", "gthread": "gthread"}
@@ -132,7 +132,10 @@ def _start_single_box(stack: contextlib.ExitStack, config: Config) -> Config:
     when the server exits (the ExitStack unwinds on gunicorn's SystemExit too). Returns the
     config the index and the worker share (with the private Redis's URL)."""
     if not config.redis_url:
-        url = stack.enter_context(private_redis(Path(config.workspace)))
+        try:
+            url = stack.enter_context(private_redis(Path(config.workspace)))
+        except LocalRedisError as exc:
+            raise click.ClickException(str(exc)) from None
         config = config.replace(redis_url=url)
         click.echo(f"wheelhouse: private Redis on {url}; create a token with\n"
                    f"  WHEELHOUSE_REDIS_URL={url} wheelhouse token create NAME", err=True)

@@ -221,9 +221,18 @@ def verify(config: Config, do_quarantine: bool) -> None:
 
 
 def run() -> None:
-    """Entry point that turns domain errors into a one-line message and exit status 1."""
+    """Entry point that turns domain errors, and a Redis that can't be reached from any
+    command, into a one-line message and exit status 1."""
+    from redis.exceptions import ConnectionError as RedisConnectionError  # noqa: PLC0415
+    from redis.exceptions import TimeoutError as RedisTimeoutError  # noqa: PLC0415
+
     try:
         main(standalone_mode=True)
     except WheelhouseError as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        click.echo(f"error: Redis can't be reached ({' '.join(str(exc).split())}): check "
+                   "WHEELHOUSE_REDIS_URL (`wheelhouse serve --with-worker` prints the URL of "
+                   "its private one)", err=True)
         sys.exit(1)

@@ -49,7 +49,9 @@ _ENDED_WITHOUT_WHEEL = (BuildState.FAILED.value, BuildState.CANCELLED.value)
 
 def _redis(config: Config) -> Redis:
     if not config.redis_url:
-        raise click.ClickException("tokens live in Redis: set WHEELHOUSE_REDIS_URL")
+        raise click.ClickException(
+            "tokens live in Redis: set WHEELHOUSE_REDIS_URL (`wheelhouse serve --with-worker` "
+            "prints the URL of its private Redis when it starts)")
     return connect(config, timeout=5)
 
 

@@ -7,6 +7,7 @@ file there so queued builds survive a restart, and is stopped by whoever started
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -43,6 +44,24 @@ def private_redis(workspace: Path, *, timeout: float = 15.0) -> Iterator[str]:
     sock.parent.mkdir(parents=True, exist_ok=True)
     if len(str(sock)) > 100:
         raise LocalRedisError(f"the socket path {sock} is too long for a unix socket")
+    # One private Redis per workspace: held for its whole life, and let go by the kernel when
+    # its holder dies, so a second server neither starts a second Redis on the same socket nor
+    # deletes the first one's on its way out.
+    lock = os.open(sock.parent / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(lock)
+        raise LocalRedisError(
+            f"another wheelhouse server runs the private Redis of this workspace ({sock}): "
+            "stop it first, or give this one its own WHEELHOUSE_WORKSPACE") from None
+    try:
+        yield from _run(binary, sock, timeout)
+    finally:
+        os.close(lock)
+
+
+def _run(binary: str, sock: Path, timeout: float) -> Iterator[str]:
     sock.unlink(missing_ok=True)  # a stale socket of a Redis that died with its host
     proc = subprocess.Popen(
         [binary, "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",

@@ -152,7 +152,8 @@ def create_token(
         # Under WATCH: two concurrent creates of one name end with one token.
         taken = [info.digest for info in _records(pipe) if info.name == name]
         if taken and not replace:
-            raise TokenError(f"a token called {name!r} exists; revoke it first")
+            raise TokenError(f"a token called {name!r} exists; revoke it first, or create it "
+                             "with --replace")
         pipe.multi()
         if taken:
             pipe.hdel(TOKENS_KEY, *taken)

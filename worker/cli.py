@@ -190,7 +190,8 @@ def _build(config: Config, target: str, torch_version: str, cuda: str,
 def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
     """List the live build workers and what they can build."""
     if not config.redis_url:
-        raise click.ClickException("WHEELHOUSE_REDIS_URL is not set")
+        raise click.ClickException("WHEELHOUSE_REDIS_URL is not set (`wheelhouse serve "
+                                   "--with-worker` prints the URL of its private Redis)")
     conn = connect(config, timeout=5)
     ads = live_workers(conn)
     if this_host:

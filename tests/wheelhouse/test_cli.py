@@ -16,6 +16,7 @@ import requests
 
 from tests.helpers import (
     MINIMAL_PATH,
+    free_port,
     make_wheel,
     run_console,
     start_index,
@@ -261,3 +262,14 @@ def test_a_clone_stays_clean_after_running_with_the_defaults(tmp_path: Path) -> 
     status = subprocess.run([git, "status", "--porcelain", "--untracked-files=all"], cwd=clone,
                             capture_output=True, text=True, check=True)
     assert status.stdout == ""
+
+
+@pytest.mark.parametrize("command", [("token", "list"), ("token", "create", "x"),
+                                     ("token", "revoke", "x"), ("workers",)])
+def test_a_redis_that_cannot_be_reached_is_one_line(command: tuple[str, ...]) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    done = run_console(*command, env={"WHEELHOUSE_REDIS_URL": dead})
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: Redis can't be reached (") and "WHEELHOUSE_REDIS_URL" in line
