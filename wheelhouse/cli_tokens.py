@@ -144,7 +144,8 @@ def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,
             payload = {"error": exc.reason}
         return exc.code, payload if isinstance(payload, dict) else {"error": str(payload)}
     except (urllib.error.URLError, OSError) as exc:
-        raise click.ClickException(f"cannot reach {url}: {exc}") from None
+        raise click.ClickException(f"cannot reach {url}: {exc} (is the server running there? "
+                                   "point --server or WHEELHOUSE_SERVER at it)") from None
     finally:
         if upload is not None and hasattr(data, "close"):
             data.close()
@@ -215,7 +216,8 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     command exits 1.
     """
     if not api_token:
-        raise click.UsageError(f"no API token: set {TOKEN_ENV} (or pass --token)")
+        raise click.UsageError(f"no API token: set {TOKEN_ENV} (or pass --token); an operator "
+                               "creates one with `wheelhouse token create NAME`")
     source: dict[str, str] | None = None
     local = Path(requirement)
     if local.is_dir():

@@ -11,7 +11,7 @@ import pytest
 import requests
 from redis import Redis
 
-from tests.helpers import fake_cuda_toolkit, run_console, run_worker, start_index
+from tests.helpers import fake_cuda_toolkit, free_port, run_console, run_worker, start_index
 from wheelhouse.config import Config
 from wheelhouse.tokens import create_token
 
@@ -81,6 +81,15 @@ def test_token_comes_from_the_environment_and_is_not_marked_required() -> None:
     missing = run_console(*REQUEST)
     assert missing.returncode == 2
     assert "no API token: set WHEELHOUSE_TOKEN (or pass --token)" in missing.stderr
+    assert "wheelhouse token create NAME" in " ".join(missing.stderr.split())
+
+
+def test_a_server_that_refuses_names_the_setting_to_change() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = run_console(*REQUEST, "--server", dead, env={"WHEELHOUSE_TOKEN": "whk_x"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"cannot reach {dead}/api/builds" in done.stderr
+    assert "point --server or WHEELHOUSE_SERVER at it" in done.stderr
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "soon"])
