@@ -6,7 +6,6 @@ pipeline, so the page costs O(wheels + jobs), never a request per cell.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -86,13 +85,6 @@ def _version_key(v: str) -> tuple[int, Version | str]:
         return (0, v)
 
 
-def _torch_of(key: str) -> str | None:
-    try:
-        return parse_variant(key).torch
-    except InvalidVariant:
-        return None
-
-
 def _variant_sort(key: str) -> tuple[int, Variant | str]:
     try:
         return (1, parse_variant(key))
@@ -100,25 +92,10 @@ def _variant_sort(key: str) -> tuple[int, Variant | str]:
         return (0, key)
 
 
-def newest_per_major(cudas: Iterable[str]) -> list[str]:
-    """``12.4 12.8 13.0`` → ``12.8 13.0``: one toolkit line per CUDA major the fleet offers."""
-    best: dict[str, tuple[int, int]] = {}
-    for cuda in cudas:
-        major, minor = (int(p) for p in cuda.split(".")[:2])
-        if str(major) not in best or best[str(major)] < (major, minor):
-            best[str(major)] = (major, minor)
-    return [f"{m}.{n}" for m, n in sorted(best.values())]
-
-
 def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = None,
-                 jobs: list[Job] | None = None,
-                 buildable_cuda: Iterable[str] = ()) -> list[ProjectMatrix]:
-    """Every project's matrix (or one project's), wheels first, then jobs on top.
-
-    ``buildable_cuda``: CUDA versions some live worker can build; each torch a project has gets
-    a column for each of them, so what the project lacks shows as a "missing" cell.
-    """
-    fleet_cuda = list(buildable_cuda)
+                 jobs: list[Job] | None = None) -> list[ProjectMatrix]:
+    """Every project's matrix (or one project's), wheels first, then jobs on top: columns for
+    the variants that have a wheel or a build of the project."""
     by_project: dict[str, ProjectMatrix] = {}
 
     def place(proj: str, version: str, variant: str, python: str, cell: Cell) -> None:
@@ -177,11 +154,10 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
     for pm in by_project.values():
         versions = {k[0] for k in pm.cells}
         pm.versions = sorted(versions, key=_version_key, reverse=True)
-        # Every variant seen by every Python seen: the holes are what can be requested. And
-        # each torch seen with each CUDA the fleet can build: what a worker could add.
+        # Every variant the project has a wheel or a build of, by every Python seen: the holes
+        # are what can be requested. Not each torch by each CUDA line the fleet builds (issue
+        # 30): columns of nothing but "missing" cells; the request form offers those.
         variants = {k[1] for k in pm.cells}
-        torches = {t for v in variants if (t := _torch_of(v)) is not None}
-        variants |= {Variant.of(t, c, ()).key for t in torches for c in fleet_cuda}
         columns = {(v, p) for v in variants for p in {k[2] for k in pm.cells}}
         pm.columns = sorted(columns, key=lambda c: (_variant_sort(c[0]),
                                                     tuple(int(p) for p in c[1].split("."))))

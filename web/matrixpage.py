@@ -6,9 +6,8 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, render_template, request, url_for
 
-from web.matrix import build_matrix, newest_per_major, split_requests
+from web.matrix import build_matrix, split_requests
 from web.services import services
-from wheelhouse.fleet import live_workers
 from wheelhouse.queue import all_build_jobs
 from wheelhouse.variants import parse_variant
 
@@ -19,12 +18,8 @@ bp = Blueprint("matrixpage", __name__)
 def matrix() -> str:
     svc = services()
     project = request.args.get("project") or None
-    # One read of the fleet's adverts: the CUDA lines some live worker builds.
-    workers = live_workers(svc.redis) if svc.redis is not None else []
-    fleet_cuda = {c for ad in workers for c in ad.cuda_versions}
     jobs = all_build_jobs(svc.redis) if svc.redis is not None else None
-    projects = build_matrix(svc.catalog, svc.redis, project=project, jobs=jobs,
-                            buildable_cuda=newest_per_major(fleet_cuda))
+    projects = build_matrix(svc.catalog, svc.redis, project=project, jobs=jobs)
     splits = split_requests(svc.catalog, svc.redis, jobs, project=project) \
         if svc.redis is not None and jobs is not None else []
     # The filter offers every project: those with a recipe and those the index hosts.

@@ -81,10 +81,11 @@ def test_matrix_shows_every_state(fleet_client: FlaskClient, queue_app: Flask, c
            "&amp;python=3.10" in missing
 
 
-def test_matrix_offers_every_hosted_project_and_what_the_fleet_could_add(
+def test_matrix_offers_every_hosted_project_and_only_its_own_columns(
         fleet_client: FlaskClient, queue_app: Flask, conn: Redis, tmp_path: Path) -> None:
-    """Issue 21: the filter lists hosted projects without a recipe too; a torch a project has
-    gets a "missing" cell for each CUDA line a live worker builds, one click from a request."""
+    """Issue 21: the filter lists hosted projects without a recipe too. Issue 30: a column is a
+    variant the project has a wheel or a build of, not each CUDA line a live worker builds
+    (the request form offers those)."""
     variant = parse_variant("torch2.8-cu128")
     publish(queue_app.extensions["wheelhouse"].storage,
             make_wheel(tmp_path / "w", "demo-ext", f"1.0+{variant.local_label}",
@@ -94,10 +95,7 @@ def test_matrix_offers_every_hosted_project_and_what_the_fleet_could_add(
     assert '<option value="demo-ext">demo-ext</option>' in page
     assert '<option value="flash-attn">flash-attn</option>' in page  # a recipe, nothing built
     assert 'class="cell built"' in _cell(page, "1.0", "torch2.8-cu128", "3.11")
-    missing = _cell(page, "1.0", "torch2.8-cu130", "3.11")
-    assert 'class="cell missing"' in missing
-    assert "/request?project=demo-ext&amp;version=1.0&amp;torch=2.8&amp;cuda=13.0" in missing
-    assert 'data-variant="torch2.8-cu126"' not in page  # one column per CUDA line, its newest
+    assert 'data-variant="torch2.8-cu130"' not in page
     empty = fleet_client.get("/matrix?project=flash-attn").text
     assert "Nothing of flash-attn is built or queued yet." in empty
     assert "/request?project=flash-attn" in empty
