@@ -6,6 +6,7 @@ from typing import Any
 
 from flask import Blueprint, redirect, render_template, request, url_for
 from packaging.utils import InvalidName, canonicalize_name
+from packaging.version import InvalidVersion, Version
 from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
@@ -75,6 +76,23 @@ def _split_field(values: list[str]) -> bool | str | None:
     return {"0": False, "1": True}.get(values[-1], values[-1])
 
 
+def _check_released(project: str, version: str, errors: dict[str, str]) -> None:
+    """A version the upstream doesn't list (a typo, most often) is refused on the form, with
+    the versions it does list; unchecked when the upstream doesn't answer or lists nothing."""
+    svc = services()
+    versions = svc.versions.get(svc.router.default, project)
+    if not versions:
+        return
+    try:
+        wanted = Version(version)
+        if any(Version(v) == wanted for v in versions):
+            return
+    except InvalidVersion:
+        return  # parse_request checked it; an unparsable listed version is the upstream's
+    errors["version"] = (f"{project} {version} is not on the upstream index "
+                         f"({svc.router.default}); newest: {', '.join(versions[:5])}")
+
+
 @bp.get("/request")
 def request_form() -> BaseResponse | tuple[str, int] | str:
     if services().redis is None:
@@ -114,6 +132,8 @@ def request_submit() -> BaseResponse | tuple[str, int]:
     req.values["rerun"] = rerun
     submitted = None
     status = 400
+    if not req.errors:
+        _check_released(req.specs[0].project, req.specs[0].version, req.errors)
     if not req.errors:
         assert svc.redis is not None  # require_scope checked it
         try:

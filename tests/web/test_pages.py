@@ -633,3 +633,35 @@ def test_request_needs_sign_in(fleet_client: FlaskClient, conn: Redis) -> None:
     assert resp.headers["Location"].startswith("/login?next=")
     api = fleet_client.post("/api/builds", json=GOOD, headers=bearer("whk_x"))
     assert api.status_code == 401
+
+
+def test_a_version_the_upstream_does_not_list_is_refused_on_the_form(
+        redis_url: str, conn: Redis, tmp_path: Path) -> None:
+    """Issue 30: the form already asks the upstream for versions; a typo is refused when
+    submitted, with what it lists, and nothing is queued."""
+    from tests.helpers import QuietHandler, serve_http
+    from tests.web.buildhelpers import make_app
+
+    class Upstream(QuietHandler):
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") != "/simple/flash-attn":
+                self.send_error(404)
+                return
+            links = "".join(f'<a href="/f/flash_attn-{v}.tar.gz#sha256={"0" * 64}">'
+                            f"flash_attn-{v}.tar.gz</a>"
+                            for v in ("2.8.2", "2.8.3"))
+            self.send_body(f"<html><body>{links}</body></html>".encode(), "text/html")
+
+    advertise_worker(conn)
+    with serve_http(Upstream) as upstream:
+        client = make_app(redis_url, tmp_path, upstream=f"{upstream}/simple/").test_client()
+        csrf = sign_in(client, token(conn))
+        typo = client.post("/request", data={**GOOD, "version": "2.8.33", "csrf_token": csrf})
+        assert typo.status_code == 400
+        field = typo.text[typo.text.index('<label for="version">'):
+                          typo.text.index('<label for="torch">')]
+        assert "flash-attn 2.8.33 is not on the upstream index" in field
+        assert "newest: 2.8.3, 2.8.2" in field
+        assert not any(k.startswith(b"rq:job:") for k in conn.keys())
+        listed = client.post("/request", data={**GOOD, "csrf_token": csrf})
+        assert listed.status_code == 303
