@@ -104,7 +104,8 @@ def create_builds() -> Response:
                      recipe=specs[0].project in svc.recipes)
     # Every spec of one request is of one project, so of one recipe (its split_archs default).
     recipe = svc.recipe_for(specs[0].project)
-    results = submit_request(_conn(), svc.catalog, specs, recipe, split=req.split_archs,
+    results = submit_request(_conn(), svc.catalog, specs, recipe,
+                             timeout=svc.config.build_timeout, split=req.split_archs,
                              rerun_failed=rerun, torch=svc.torch, by=info.name)
     builds = []
     for r in results:

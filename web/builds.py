@@ -54,11 +54,12 @@ class Submitted:
     """Set when the torch index could not be asked (the build was queued unchecked)."""
 
 
-def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
+def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *, timeout: int,
            rerun_failed: bool = False, torch: TorchIndex | None = None,
            by: str | None = None) -> list[Submitted]:
     """Enqueue each spec unless its wheel is published or its job exists; ``by`` (a token
-    name) is kept as the requester of each build this call queues (``web.auth.may_cancel``).
+    name) is kept as the requester of each build this call queues (``web.auth.may_cancel``);
+    ``timeout`` is the build's deadline, the operator's ``WHEELHOUSE_BUILD_TIMEOUT``.
 
     Raises :class:`UnservableSpec` when no live worker serves them (all specs of one request
     share CUDA and CPU architecture, so that is all or none), and :class:`TorchUnavailable` when
@@ -80,7 +81,7 @@ def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *,
             if why is not None:
                 raise UnservableSpec(why)
             warning = torch.check(spec.torch, spec.cuda)
-        done = enqueue_build(conn, spec, rerun_failed=rerun_failed)
+        done = enqueue_build(conn, spec, rerun_failed=rerun_failed, timeout=timeout)
         if done.created and by is not None:
             record_requester(conn, done.job_id, by)
         out.append(Submitted(spec, done.job_id, done.state.value, done.created, warning=warning))
@@ -133,7 +134,7 @@ def split_archs_of(spec: BuildSpec, recipe: Recipe, split: bool | None) -> tuple
 
 
 def submit_request(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], recipe: Recipe,
-                   *, split: bool | None = None, rerun_failed: bool = False,
+                   *, timeout: int, split: bool | None = None, rerun_failed: bool = False,
                    torch: TorchIndex | None = None,
                    by: str | None = None) -> list[Submitted | SubmittedSplit]:
     """:func:`submit` each spec, or, where it splits (:func:`split_archs_of`), each of its
@@ -142,13 +143,13 @@ def submit_request(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], re
     for spec in specs:
         archs = split_archs_of(spec, recipe, split)
         if not archs:
-            out.extend(submit(conn, catalog, [spec], rerun_failed=rerun_failed, torch=torch,
-                              by=by))
+            out.extend(submit(conn, catalog, [spec], timeout=timeout, rerun_failed=rerun_failed,
+                              torch=torch, by=by))
             continue
         # A request made before keeps its parts, whatever the recipe's default is now.
         request = load_request(conn, request_id(spec)) or SplitRequest.create(spec, archs)
-        parts = submit(conn, catalog, request.part_specs(), rerun_failed=rerun_failed,
-                       torch=torch, by=by)
+        parts = submit(conn, catalog, request.part_specs(), timeout=timeout,
+                       rerun_failed=rerun_failed, torch=torch, by=by)
         kept, recorded = record_request(conn, request)
         if recorded and by is not None:
             record_requester(conn, kept.id, by)

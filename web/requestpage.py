@@ -139,6 +139,7 @@ def request_submit() -> BaseResponse | tuple[str, int]:
         try:
             recipe = svc.recipe_for(req.specs[0].project)
             submitted = submit_request(svc.redis, svc.catalog, req.specs, recipe,
+                                       timeout=svc.config.build_timeout,
                                        split=req.split_archs, rerun_failed=rerun,
                                        torch=svc.torch, by=info.name)
         except UnservableSpec as exc:

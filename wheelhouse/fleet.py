@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from wheelhouse.buildspec import BuildSpec, queue_name
+from wheelhouse.shapes import known_fields
 from wheelhouse.variants import KNOWN_CUDA
 
 if TYPE_CHECKING:
@@ -78,13 +79,14 @@ class WorkerAd:
     @classmethod
     def from_json(cls, raw: str | bytes) -> WorkerAd:
         data = json.loads(raw)
-        data["toolkits"] = tuple(ToolkitInfo(**t) for t in data.get("toolkits", []))
-        data["gpus"] = tuple(GpuInfo(**g) for g in data.get("gpus", []))
+        data["toolkits"] = tuple(ToolkitInfo(**known_fields(ToolkitInfo, t))
+                                 for t in data.get("toolkits", []))
+        data["gpus"] = tuple(GpuInfo(**known_fields(GpuInfo, g)) for g in data.get("gpus", []))
         data["queues"] = tuple(data.get("queues", []))
         data["provisionable"] = tuple(data.get("provisionable", []))
         data["unavailable"] = {str(k): str(v) for k, v in
                                dict(data.get("unavailable") or {}).items()}
-        return cls(**data)
+        return cls(**known_fields(cls, data))  # a newer worker's fields: ignored (shapes)
 
 
 def _major_minor(cuda: str) -> tuple[int, int]:

@@ -36,6 +36,7 @@ from typing import Any
 from packaging.utils import NormalizedName, canonicalize_name
 
 from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.shapes import known_fields
 from wheelhouse.variants import Variant, parse_variant
 
 GENERATION_KEY = "generation"
@@ -227,4 +228,4 @@ class Record:
         data["project"] = canonicalize_name(data["project"])
         data["variant"] = parse_variant(data["variant"])
         data["build"] = BuildFacts.from_dict(data.get("build"))
-        return cls(**data)
+        return cls(**known_fields(cls, data))  # a newer writer's fields: ignored (shapes)

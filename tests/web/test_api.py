@@ -433,3 +433,30 @@ def test_an_uploaded_sdist_cannot_impersonate_a_release(redis_url: str, conn: Re
                     allowed_projects="imp-victim").test_client()
     gone = down.put("/api/sources/imp_victim-2.0.tar.gz", data=fake, headers=bearer(alice))
     assert gone.status_code == 503
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_configured_build_timeout_reaches_every_job_the_api_and_form_queue(
+        redis_url: str, conn: Redis, tmp_path: Path, split: bool) -> None:
+    """Issue 29: WHEELHOUSE_BUILD_TIMEOUT was documented as enforced, but API and form builds
+    got the queue's default of four hours."""
+    from tests.helpers import build_job
+    from tests.web.buildhelpers import sign_in
+    from wheelhouse.queue import RQ_TIMEOUT_MARGIN
+
+    advertise_worker(conn)
+    client = make_app(redis_url, tmp_path, build_timeout=1234).test_client()
+    tok = token(conn)
+    body = {**GOOD, "archs": ["sm80", "sm90"], "split_archs": split}
+    made = client.post("/api/builds", json=body, headers=bearer(tok))
+    assert made.status_code == 201, made.json
+    [build] = made.json["builds"]
+    ids = [p["id"] for p in build["parts"]] if split else [build["id"]]
+    csrf = sign_in(client, tok)
+    form = client.post("/request", data={**GOOD, "python": "3.12", "csrf_token": csrf})
+    assert form.status_code == 303
+    ids.append(form.headers["Location"].rsplit("/", 1)[1])
+    for job_id in ids:
+        job = build_job(conn, job_id)
+        assert job.args[2] == 1234, job_id  # the worker's own deadline
+        assert job.timeout == 1234 + RQ_TIMEOUT_MARGIN

@@ -44,8 +44,11 @@ def test_a_request_names_one_single_arch_part_per_arch_deterministically() -> No
     assert SplitRequest.from_dict(json.loads(json.dumps(request.to_dict()))) == request
     with pytest.raises(InvalidBuildSpec, match="at least two"):
         SplitRequest.create(SPEC, ["80", "80"])
+    # A newer release's record is read by the fields this one knows (wheelhouse.shapes); a
+    # record without a version is not one of ours.
+    assert SplitRequest.from_dict({**request.to_dict(), "version": 99}) == request
     with pytest.raises(InvalidBuildSpec):
-        SplitRequest.from_dict({**request.to_dict(), "version": 99})
+        SplitRequest.from_dict({**request.to_dict(), "version": None})
 
 
 @pytest.mark.parametrize(("parts", "state"), [
