@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,15 +13,15 @@ from web import auth
 from web.builds import JOB_ID, Submitted, SubmittedSplit, build_view, request_view, submit_request
 from web.form import parse_request
 from web.services import services
-from wheelhouse.buildspec import SourceRef, check_sdist_filename
-from wheelhouse.errors import InvalidBuildSpec, UploadTooLarge
+from web.sources import publisher, store_source, too_large
+from wheelhouse.buildspec import check_sdist_filename
+from wheelhouse.errors import InvalidBuildSpec
 from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.layout import source_key
-from wheelhouse.ownership import Publisher, admit_source
+from wheelhouse.ownership import admit_source
 from wheelhouse.queue import cancel_build, get_build, log_since
-from wheelhouse.recipes import allowed_projects, check_allowed
-from wheelhouse.tokens import TokenInfo
+from wheelhouse.recipes import allowed_projects
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -100,7 +98,7 @@ def create_builds() -> Response:
             raise InvalidBuildSpec(f"no sdist {ref.filename} with sha256 {ref.sha256[:16]}… "
                                    "was uploaded here: PUT it to /api/sources/<filename> first")
         # Asked again here: a stored sdist may be named by another token than its uploader's.
-        admit_source(svc.storage, svc.config, ref.filename, ref.sha256, _publisher(info),
+        admit_source(svc.storage, svc.config, ref.filename, ref.sha256, publisher(info),
                      recipe=specs[0].project in svc.recipes)
     # Every spec of one request is of one project, so of one recipe (its split_archs default).
     recipe = svc.recipe_for(specs[0].project)
@@ -137,42 +135,16 @@ def upload_source(filename: str) -> Response:
     info = auth.require_scope("build")
     auth.rate_limit(info)
     svc = services()
-    project, _version = check_sdist_filename(filename)
-    check_allowed(svc.config, project)
+    check_sdist_filename(filename)  # before a byte is read
     limit = svc.config.sdist_upload_max_mib * MIB
-    too_large = (f"the sdist is larger than this server accepts "
-                 f"(WHEELHOUSE_SDIST_UPLOAD_MAX_MIB={svc.config.sdist_upload_max_mib})")
     if request.content_length is not None and request.content_length > limit:
-        raise UploadTooLarge(too_large)
+        raise too_large(svc)
     request.max_content_length = limit  # raises the app-wide web.guard.MAX_BODY for this route
-    digest = hashlib.sha256()
-    size = 0
-    with tempfile.TemporaryDirectory(prefix="wheelhouse-source-") as tmp:
-        path = Path(tmp) / filename
-        with path.open("wb") as out:
-            while chunk := request.stream.read(_CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise UploadTooLarge(too_large)
-                digest.update(chunk)
-                out.write(chunk)
-        if size == 0:
-            raise InvalidBuildSpec("the body is empty: send the sdist's bytes")
-        ref = SourceRef(digest.hexdigest(), filename)
-        admit_source(svc.storage, svc.config, filename, ref.sha256, _publisher(info),
-                     recipe=project in svc.recipes)
-        key = source_key(ref.sha256, ref.filename)
-        created = not svc.storage.exists(key)
-        if created:  # content-addressed: the same bytes are stored once
-            svc.storage.put_file(key, path)
+    stored = store_source(svc, info, filename, request.stream.read)
+    ref, size, created = stored.ref, stored.size, stored.created
     resp = jsonify({"sha256": ref.sha256, "filename": ref.filename, "size": size})
     resp.status_code = 201 if created else 200
     return _no_store(resp)
-
-
-def _publisher(info: TokenInfo) -> Publisher:
-    """Who a build of an uploaded sdist publishes for (``wheelhouse.ownership``)."""
-    return Publisher(info.name, admin=info.allows("admin"), projects=info.projects)
 
 
 @bp.get("/builds/<job_id>")

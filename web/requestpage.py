@@ -2,23 +2,34 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, redirect, render_template, request, url_for
 from packaging.utils import InvalidName, canonicalize_name
 from packaging.version import InvalidVersion, Version
+from werkzeug.datastructures import FileStorage
 from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.api import base_url
 from web.builds import submit_request
-from web.form import SUGGESTED_TORCH, parse_request
+from web.form import SUGGESTED_TORCH, BuildRequest, parse_request
+from web.guard import MAX_BODY
 from web.services import services
 from web.signin import login_redirect, no_build_queue
-from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS
-from wheelhouse.errors import TorchUnavailable, UnservableSpec
+from web.sources import MIB, store_source
+from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, check_sdist_filename
+from wheelhouse.errors import (
+    StorageError,
+    TorchUnavailable,
+    UnservableSpec,
+    UpstreamUnavailable,
+    WheelhouseError,
+)
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.recipes import allowed_projects
+from wheelhouse.tokens import TokenInfo
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("requestpage", __name__)
@@ -76,6 +87,23 @@ def _split_field(values: list[str]) -> bool | str | None:
     return {"0": False, "1": True}.get(values[-1], values[-1])
 
 
+def _take_sdist(info: TokenInfo, upload: FileStorage, req: BuildRequest) -> None:
+    """The form's sdist, stored as ``PUT /api/sources`` stores one, becomes the source of
+    every spec of the request; why it can't be is the field's error."""
+    spec = req.specs[0]
+    filename = Path(upload.filename or "").name
+    try:
+        check_sdist_filename(filename, spec.project, Version(spec.version))
+        stored = store_source(services(), info, filename, upload.stream.read)
+    except (WheelhouseError, OSError) as exc:  # refused, too large, upstream or storage down
+        if isinstance(exc, StorageError | UpstreamUnavailable):
+            raise
+        req.errors["sdist"] = str(exc)
+        return
+    source = {"sha256": stored.ref.sha256, "filename": stored.ref.filename}
+    req.specs = [s.with_source(source) for s in req.specs]
+
+
 def _check_released(project: str, version: str, errors: dict[str, str]) -> None:
     """A version the upstream doesn't list (a typo, most often) is refused on the form, with
     the versions it does list; unchecked when the upstream doesn't answer or lists nothing."""
@@ -117,10 +145,13 @@ def request_submit() -> BaseResponse | tuple[str, int]:
     if auth.current_token() is None:
         return redirect(url_for("signin.login", next=url_for("requestpage.request_form")),
                         code=303)
+    svc = services()
+    # The form may carry an sdist (multipart): its part is spooled to disk, up to the sdist
+    # cap; every other field stays under the app's small form limits.
+    request.max_content_length = svc.config.sdist_upload_max_mib * MIB + MAX_BODY
     auth.check_csrf()
     info = auth.require_scope("build")
     auth.rate_limit(info)
-    svc = services()
     data: dict[str, Any] = {k: request.form.get(k, "") for k in
                             ("project", "version", "torch", "cuda", "machine")}
     data["python"] = request.form.getlist("python")
@@ -132,7 +163,10 @@ def request_submit() -> BaseResponse | tuple[str, int]:
     req.values["rerun"] = rerun
     submitted = None
     status = 400
-    if not req.errors:
+    upload = request.files.get("sdist")
+    if not req.errors and upload is not None and upload.filename:
+        _take_sdist(info, upload, req)
+    elif not req.errors:
         _check_released(req.specs[0].project, req.specs[0].version, req.errors)
     if not req.errors:
         assert svc.redis is not None  # require_scope checked it

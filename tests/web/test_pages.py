@@ -665,3 +665,43 @@ def test_a_version_the_upstream_does_not_list_is_refused_on_the_form(
         assert not any(k.startswith(b"rq:job:") for k in conn.keys())
         listed = client.post("/request", data={**GOOD, "csrf_token": csrf})
         assert listed.status_code == 303
+
+
+def test_the_form_builds_an_uploaded_sdist_and_refuses_an_impersonating_one(
+        redis_url: str, conn: Redis, tmp_path: Path) -> None:
+    """Issue 30: the form takes an sdist as `wheelhouse request PATH` does, with its checks
+    (issue 25: a released version must be the upstream's bytes)."""
+    import hashlib
+    import io
+
+    from tests.web.buildhelpers import make_app
+    from wheelhouse.layout import source_key
+
+    advertise_worker(conn)
+    app = make_app(redis_url, tmp_path, allowed_projects="own-ext")  # upstream off
+    client = app.test_client()
+    storage = app.extensions["wheelhouse"].storage
+    csrf = sign_in(client, token(conn))
+    body = b"\x1f\x8b own-ext 1.0"
+    fields = {**GOOD, "project": "own-ext", "version": "1.0", "csrf_token": csrf}
+    wrong = client.post("/request", data={**fields, "sdist": (io.BytesIO(body),
+                                                              "other-1.0.tar.gz")},
+                        content_type="multipart/form-data")
+    assert wrong.status_code == 400 and "is not an sdist of own-ext" in wrong.text
+    made = client.post("/request", data={**fields, "sdist": (io.BytesIO(body),
+                                                             "own_ext-1.0.tar.gz")},
+                       content_type="multipart/form-data")
+    assert made.status_code == 303, made.text
+    sha = hashlib.sha256(body).hexdigest()
+    assert storage.get_bytes(source_key(sha, "own_ext-1.0.tar.gz")) == body
+    job = build_job(conn, made.headers["Location"].rsplit("/", 1)[1])
+    assert job.args[0]["source"] == {"sha256": sha, "filename": "own_ext-1.0.tar.gz"}
+    # Another token may not build the project the first one now owns from its own bytes.
+    mallory = app.test_client()
+    csrf = sign_in(mallory, token(conn, "mallory"))
+    theirs = b"\x1f\x8b mallory's own-ext"
+    refused = mallory.post("/request", data={**fields, "csrf_token": csrf, "sdist": (
+        io.BytesIO(theirs), "own_ext-1.0.tar.gz")}, content_type="multipart/form-data")
+    assert refused.status_code == 400 and "own-ext is owned here by alice" in refused.text
+    assert not storage.exists(source_key(hashlib.sha256(theirs).hexdigest(),
+                                         "own_ext-1.0.tar.gz"))
