@@ -52,6 +52,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -445,8 +446,11 @@ def _entries(top: int) -> tuple[set[str], int]:
 
 def push(storage: Storage, space: str, directory: Path, known: set[str], *, scratch: Path,
          max_entry_bytes: int = MAX_ENTRY_BYTES, max_entries: int = MAX_PUSH_ENTRIES,
-         max_bytes: int | None = None) -> set[str]:
+         max_bytes: int | None = None, settled: float = 0.0) -> set[str]:
     """Upload the entries of ``directory`` not in ``known``; return their names.
+
+    ``settled``: only entries unchanged for that many seconds (a push while the compile runs
+    leaves what sccache may still be writing to the next push).
 
     Only regular files of sccache's layout with one link, at most ``max_entry_bytes`` each and
     ``max_entries`` and ``max_bytes`` in all (the namespace's cap: more could never stay), are
@@ -455,6 +459,7 @@ def push(storage: Storage, space: str, directory: Path, known: set[str], *, scra
     """
     prefix = compile_cache_prefix(space)
     sent: set[str] = set()
+    cutoff = time.time() - settled
     scratch.mkdir(parents=True, exist_ok=True)
     top = safefs.open_dir(directory)
     try:
@@ -463,7 +468,8 @@ def push(storage: Storage, space: str, directory: Path, known: set[str], *, scra
             for entry in safefs.walk(top, max_depth=8):
                 st = entry.stat
                 if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and is_entry(entry.rel)
-                        and entry.rel not in known and st.st_size <= max_entry_bytes):
+                        and entry.rel not in known and st.st_size <= max_entry_bytes
+                        and st.st_mtime <= cutoff):
                     todo.append((entry.rel, st.st_size))
         total = 0
         for name, size in sorted(todo)[:max_entries]:

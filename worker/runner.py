@@ -18,7 +18,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,8 @@ class Runner:
                   what: str, read_only: Iterable[Path | None] = (),
                   writable: Iterable[Path] = (),
                   shared: Iterable[Path] = (), network: bool = False,
-                  governor_reserve: int | None = None) -> Ran:
+                  governor_reserve: int | None = None,
+                  periodic: Periodic | None = None) -> Ran:
         """Run a program that executes the sdist's code, or code it chose, in the sandbox.
 
         Use it for every such step (the compile, the torch check, the load check).
@@ -135,7 +136,9 @@ class Runner:
         is writable too, but the disk cap counts only what it grows by. ``HOME`` and
         ``TMPDIR`` are ``<workspace>/home`` and ``<workspace>/tmp``. With
         ``governor_reserve`` the memory governor pauses compile jobs to keep that much free.
-        With ``WHEELHOUSE_BUILD_SANDBOX=off`` the program runs as it is.
+        ``periodic`` is called every so often while the program runs, from the supervising
+        thread (the compile cache's push as it goes). With ``WHEELHOUSE_BUILD_SANDBOX=off``
+        the program runs as it is.
         """
         shared_paths = tuple(shared)
         layout = Layout.in_workspace(self.ctx.workspace,
@@ -161,7 +164,8 @@ class Runner:
         shown = [*(["[unsandboxed]"] if self.sandbox is None else ["[sandbox]"]), *argv]
         return self._supervise(wrapped, env=run_env, cwd=cwd, what=what, shown=shown,
                                uids=uids, quota=quota, governor_reserve=governor_reserve,
-                               limits=TreeLimits.from_config(self.ctx.config))
+                               limits=TreeLimits.from_config(self.ctx.config),
+                               periodic=periodic)
 
     def untrusted(self, request: Mapping[str, Any], *, what: str, failure: FailureKind,
                   read_only: Iterable[Path] = (), writable: Iterable[Path] = ()
@@ -232,7 +236,7 @@ class Runner:
                    what: str, shown: Sequence[str] | None = None,
                    uids: frozenset[int] = frozenset(), quota: DiskQuota | None = None,
                    governor_reserve: int | None = None,
-                   limits: TreeLimits | None = None) -> Ran:
+                   limits: TreeLimits | None = None, periodic: Periodic | None = None) -> Ran:
         """Run one program under the reaper until it ends, the deadline passes or the build is
         cancelled; the governor and ``quota`` (past it: killed, too-large) tick meanwhile."""
         ctx = self.ctx
@@ -274,6 +278,8 @@ class Runner:
             if limits is not None:  # processes and memory (past them: killed, too-large)
                 limits.check(bp.processes)
             ctx.log.pump()
+            if periodic is not None:
+                periodic.tick()
 
         try:
             outcome = bp.wait(deadline=self.deadline, should_cancel=should_cancel,
@@ -323,6 +329,21 @@ class Runner:
         if unsatisfiable is not None:
             return unsatisfiable.error()
         return InfrastructureError(f"{what} failed (exit {ran.returncode}): {last[:300]}")
+
+
+@dataclass
+class Periodic:
+    """``call`` every ``seconds`` of a supervised program's life (first after ``seconds``)."""
+
+    seconds: float
+    call: Callable[[], None]
+    _last: float = field(default_factory=time.monotonic)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.seconds:
+            self._last = now
+            self.call()
 
 
 #: Starts :mod:`worker.untrusted` in the worker's own interpreter inside the sandbox, with only

@@ -20,6 +20,7 @@ import pytest
 from tests.helpers import QuietHandler, fake_cuda_toolkit, free_port, run_console, serve_http
 from tests.worker.conftest import FIXTURES, build_config, make_sdist
 from wheelhouse.buildspec import BuildSpec
+from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, StorageUnavailable
 from wheelhouse.fleet import ToolkitInfo
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
@@ -626,3 +627,53 @@ def test_a_torch_index_that_does_not_resolve_names_its_setting_and_is_not_retrie
     assert reason.endswith("set WHEELHOUSE_TORCH_INDEX_URL to an index this worker reaches")
     log = storage.get_bytes(log_key(CEXT)).decode()
     assert log.count("$ ") and log.count("--extra-index-url http://torch-index.invalid") == 1
+
+
+def test_compile_cache_entries_reach_storage_while_the_compile_runs(
+    tmp_path: Path, toolkit: ToolkitInfo, s3_config: Config, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 31: a worker that dies after most of its compiles kept them only on its own host;
+    now they go to storage as they are made, so the build's next attempt on any worker finds
+    them. The build here compiles, then waits until the test has seen its entries in storage
+    (or two minutes), then fails."""
+    from dataclasses import replace as replace_config
+
+    from worker.steps import compile as compile_step
+
+    monkeypatch.setattr(compile_step, "PUSH_EVERY", 0.5)
+    monkeypatch.setattr(compile_step, "PUSH_SETTLED", 0.0)
+    config = replace_config(build_config(tmp_path), storage=s3_config.storage,
+                            s3_endpoint_url=s3_config.s3_endpoint_url)
+    storage = open_storage(config)
+    src = tmp_path / "cext-src"
+    shutil.copytree(FIXTURES / "cext", src)
+    (src / "build-options.json").write_text(json.dumps({"wait_after_compile": 120}))
+    sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            run_build(CEXT, config=config, storage=storage, source=sdist, timeout=600,
+                      toolkits=[toolkit])
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 300
+        entries: list[str] = []
+        while not entries and thread.is_alive() and time.monotonic() < deadline:
+            entries = [o.key for o in storage.list("sccache/cext/cu130/")]
+            time.sleep(0.2)
+        running = thread.is_alive()
+    finally:
+        for setup_py in (tmp_path / "work").rglob("cext-0.1.0/setup.py"):
+            (setup_py.parent / "go").write_text("go")
+        thread.join(timeout=300)
+    log = storage.get_bytes(log_key(CEXT)).decode()
+    assert entries, "no compile cache entry reached storage:\n" + log[-3000:]
+    assert running, "the entries reached storage only after the compile ended"
+    assert failed and isinstance(failed[0], BuildFailed)
+    assert failed[0].kind is FailureKind.COMPILE_ERROR
+    assert "entries stored while compiling" in log

@@ -31,7 +31,7 @@ from worker.buildenv import compile_env
 from worker.capabilities import nvcc_version, usable_cores
 from worker.failures import classify_log
 from worker.governor import was_oom_killed
-from worker.runner import Runner
+from worker.runner import Periodic, Runner
 from worker.sandbox import take_wheel
 from worker.steps.context import BuildContext
 from worker.steps.venv import BuildVenv
@@ -89,7 +89,8 @@ def _compile(ctx: BuildContext, run: Runner, src: Path, venv: BuildVenv, toolkit
             ran = run.sandboxed(
                 argv, env=env, cwd=src, what="the compile", read_only=read_only,
                 writable=writable, governor_reserve=reserve,
-                shared=[cache.cache.directory] if cache is not None else [])
+                shared=[cache.cache.directory] if cache is not None else [],
+                periodic=pushing(ctx, cache))
             output = ctx.log.since(began, limit=400_000)  # the compile's, not the sync's
         finally:
             sync_cache(ctx, cache)
@@ -263,24 +264,46 @@ def sync_cache(ctx: BuildContext, shared: SharedCache | None) -> None:
         push_cache_entries(ctx, shared.cache, shared.known)
 
 
+#: How often the compile cache's new entries go to storage while the compile runs, and how
+#: long an entry must have been left alone to go: a worker that dies mid-compile (killed,
+#: its host lost) leaves what it finished to the build's next attempt, on any worker.
+PUSH_EVERY = 30.0
+PUSH_SETTLED = 5.0
+
+
+def pushing(ctx: BuildContext, shared: SharedCache | None) -> Periodic | None:
+    """The push of new cache entries during the compile (issue 31), or None without a shared
+    cache."""
+    if shared is None or shared.known is None:
+        return None
+    known = shared.known
+    return Periodic(PUSH_EVERY, lambda: push_cache_entries(ctx, shared.cache, known,
+                                                           settled=PUSH_SETTLED, quiet=True))
+
+
 def read_cache_stats(cache: compilecache.CompileCache) -> CompileCacheStats | None:
     """The statistics the cache's wrapper wrote in the build's runtime directory, or None."""
     return cache.read_stats()
 
 
 def push_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache,
-                       known: set[str]) -> None:
-    """Upload the entries the compile added (not in ``known``, which grows by them)."""
+                       known: set[str], *, settled: float = 0.0, quiet: bool = False) -> None:
+    """Upload the entries the compile added (not in ``known``, which grows by them); with
+    ``quiet`` (a push while the compile runs) said only when it stored some, and not evicted."""
     limit = int(ctx.config.compile_cache_max_gib * GIB)
     try:
         sent = ctx.retried("storing the compile cache",
                            lambda: compilecache.push(ctx.storage, cache.space, cache.directory,
                                                      known, scratch=ctx.workspace / "sccache-push",
-                                                     max_bytes=limit))
+                                                     max_bytes=limit, settled=settled))
     except BuildFailed as exc:
         ctx.say(f"compile cache not stored: {exc.reason}")
         return
     known |= sent
+    if quiet:
+        if sent:
+            ctx.say(f"compile cache: {len(sent)} entries stored while compiling")
+        return
     ctx.say(f"compile cache: {len(sent)} new entries stored")
     try:
         evicted = compilecache.evict(ctx.storage, cache.space, limit)
