@@ -42,6 +42,11 @@ class InvalidUpload(WheelhouseError, ValueError):
     disagree with the file, a digest that does not match, a wheel without the root's label."""
 
 
+class ProvenanceInvalid(WheelhouseError, ValueError):
+    """A provenance document, attestation or certificate that does not verify against the fleet
+    CA, or does not describe the file it is offered for."""
+
+
 class NotOwner(WheelhouseError, PermissionError):
     """A publisher that does not own the project it publishes into (or a token limited to
     other projects): nothing is stored."""

@@ -2,6 +2,8 @@
 
 - ``wheels/<base variant>/<project>/<file>``           the wheel
 - ``wheels/<base variant>/<project>/<file>.metadata``  its METADATA (PEP 658)
+- ``wheels/<base variant>/<project>/<file>.provenance``  its signed provenance (PEP 740;
+  :mod:`wheelhouse.provenance`), written before the record, which holds its sha256
 - ``records/<base variant>/<project>/<file>.json``     the record (:class:`Record`); written
   last, so it *is* the publication: only files with a record are listed
 - ``claims/<base variant>/<file>``                    who is publishing that name (see publish)
@@ -53,6 +55,7 @@ STATS = "stats/"
 COMPILE_CACHE = "sccache/"
 SOURCES = "sources/"
 METADATA_SUFFIX = ".metadata"
+PROVENANCE_SUFFIX = ".provenance"
 #: What build workers (and ``wheelhouse publish`` with their credentials) write: their S3
 #: policy (``deploy/s3/worker-policy.json``) must allow each, and nothing else (quarantine
 #: markers and deletions are the operator's). A first publication writes its project's owner
@@ -76,6 +79,11 @@ def wheel_key(base: Variant | str, project: str, filename: str) -> str:
 def metadata_key(base: Variant | str, project: str, filename: str) -> str:
     """Where a wheel's METADATA is stored, served as ``<file>.metadata`` (PEP 658)."""
     return wheel_key(base, project, filename) + METADATA_SUFFIX
+
+
+def provenance_key(base: Variant | str, project: str, filename: str) -> str:
+    """Where a wheel's provenance document is stored, served as ``<file>.provenance``."""
+    return wheel_key(base, project, filename) + PROVENANCE_SUFFIX
 
 
 def record_key(base: Variant | str, project: str, filename: str) -> str:
@@ -168,6 +176,9 @@ class Record:
     variant_of: str | None = None
     """On a variant form: the file name of the wheel it was made from, so that yanking or
     deleting that wheel takes its variant form along (:mod:`wheelhouse.manage`)."""
+    provenance_sha256: str | None = None
+    """Of the signed provenance document stored beside the wheel; None for a wheel published
+    without one (before provenance, or by ``wheelhouse publish`` with no signer)."""
 
     @property
     def wheel_key(self) -> str:
@@ -176,6 +187,10 @@ class Record:
     @property
     def metadata_key(self) -> str:
         return metadata_key(self.variant.base, self.project, self.filename)
+
+    @property
+    def provenance_key(self) -> str:
+        return provenance_key(self.variant.base, self.project, self.filename)
 
     @property
     def key(self) -> str:
@@ -205,7 +220,8 @@ class Record:
         quarantine marker, a yank marker or a build log."""
         return {self.key: "record", self.quarantine_key: "quarantine marker",
                 self.yank_key: "yank marker",
-                self.metadata_key: "metadata", self.wheel_key: "wheel",
+                self.metadata_key: "metadata", self.provenance_key: "provenance",
+                self.wheel_key: "wheel",
                 self.log_key: "build log", self.claim_key: "claim"}
 
     def to_json(self) -> bytes:
@@ -213,7 +229,7 @@ class Record:
         data["variant"] = self.variant.key
         data["archs"] = None if self.archs is None else list(self.archs)
         data["build"] = self.build.to_dict()
-        for optional in ("variant_label", "variant_of"):
+        for optional in ("variant_label", "variant_of", "provenance_sha256"):
             if data[optional] is None:
                 del data[optional]  # so that servers older than variant wheels read it
         return json.dumps(data, sort_keys=True, indent=1).encode()
@@ -226,4 +242,6 @@ class Record:
         data["project"] = canonicalize_name(data["project"])
         data["variant"] = parse_variant(data["variant"])
         data["build"] = BuildFacts.from_dict(data.get("build"))
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        # A newer writer's fields are ignored, so that a rolling upgrade never breaks a reader.
+        return cls(**{k: v for k, v in data.items() if k in known})
