@@ -39,8 +39,8 @@ def build(*, project: str, version: str, python: str, machine: str, variant: Var
           finished: datetime) -> dict[str, Any]:
     """SLSA Provenance v1 of one build: its request, its inputs by digest, who ran it, when."""
     deps: list[dict[str, Any]] = []
-    if facts.sdist:
-        sdist: dict[str, Any] = {"name": "sdist", "uri": facts.sdist}
+    if facts.sdist_url or facts.sdist:
+        sdist: dict[str, Any] = {"name": "sdist", "uri": facts.sdist_url or facts.sdist}
         if facts.sdist_sha256:
             sdist["digest"] = {"sha256": facts.sdist_sha256}
         deps.append(sdist)

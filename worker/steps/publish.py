@@ -46,10 +46,11 @@ WORKSPACE_SIGNER = "worker"
 def provenance_signer(ctx: BuildContext) -> Signer:
     """Signs each published file's SLSA provenance with this worker's certificate."""
     identity = ca.signer_for(ctx.config, WORKSPACE_SIGNER)
-    spec, facts = ctx.spec, ctx.journal.facts
+    spec = ctx.spec
     archs = ctx.recipe.archs_for(spec.variant)
 
     def sign(filename: str, sha256: str) -> bytes:
+        facts = ctx.journal.facts  # replaced, not changed, by each measurement
         predicate = predicates.build(
             project=spec.project, version=spec.version, python=spec.python,
             machine=spec.machine, variant=spec.variant, archs=archs, facts=facts,
