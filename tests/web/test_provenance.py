@@ -19,6 +19,7 @@ from redis import Redis
 from tests.helpers import make_wheel
 from tests.web.buildhelpers import bearer, make_app, token
 from web.services import services
+from wheelhouse.buildfacts import BuildFacts
 from wheelhouse.layout import Record
 from wheelhouse.provenance import attest, ca, predicates
 from wheelhouse.publish import publish
@@ -170,3 +171,37 @@ def test_a_damaged_provenance_document_is_not_served(redis_url: str, conn: Redis
     json_url, _ = _listed(client, wheel.name)
     assert json_url is not None
     assert client.get(json_url).status_code == 503
+
+
+def test_the_project_page_says_who_built_what_from_what(redis_url: str, conn: Redis,
+                                                        tmp_path: Path) -> None:
+    app = _app(redis_url, tmp_path)
+    client = app.test_client()
+    with app.app_context():
+        storage = services().storage
+        config = services().config
+    identity = ca.signer_for(config, "worker")
+    facts = BuildFacts(build_id="b-9", host="gpu-box", toolkit="V13.0.48",
+                       torch="2.14.1+cu130", sdist_url="https://files.example/demo-2.0.tar.gz",
+                       sdist_sha256="ef" * 32)
+
+    def sign(filename: str, sha256: str) -> bytes:
+        predicate = predicates.build(project="demo", version="2.0", python="3.12",
+                                     machine="x86_64", variant=V, archs=None, facts=facts,
+                                     signer=identity.name, finished=datetime.now(UTC))
+        return attest.document([attest.Bundle({}, (attest.sign(
+            identity, filename, sha256, predicates.SLSA_PROVENANCE, predicate),))])
+
+    uploaded = make_wheel(tmp_path / "w", "demo", f"1.0+{V.local_label}")
+    assert _upload(client, token(conn, "uploader", ("upload",)), uploaded)[0] == 200
+    built = make_wheel(tmp_path / "b", "demo", f"2.0+{V.local_label}")
+    record = publish(storage, built, V, build=facts, sign=sign)
+    page = client.get("/projects/demo").text
+    row = next(line for line in page.split("<tr>") if built.name in line)
+    assert "built on gpu-box (build <code>b-9</code>) from" in row
+    assert "https://files.example/demo-2.0.tar.gz" in row and "nvcc V13.0.48" in row
+    link = re.search(r'<a href="([^"]+)">signed provenance</a>', row)
+    assert link is not None
+    assert attest.digest(client.get(link.group(1)).data) == record.provenance_sha256
+    upload_row = next(line for line in page.split("<tr>") if uploaded.name in line)
+    assert "uploaded" in upload_row and "signed provenance" in upload_row
