@@ -12,9 +12,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from click.testing import CliRunner
+from packaging.utils import canonicalize_name
 
 from tests.helpers import make_wheel, start_index
 from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.catalog import Catalog
+from wheelhouse.cli import publish as publish_command
 from wheelhouse.cli_provenance import ca_group, verify_provenance
 from wheelhouse.config import Config
 from wheelhouse.provenance import attest, ca, predicates
@@ -97,3 +100,17 @@ def test_verify_provenance_tells_where_a_wheel_came_from_or_why_not(tmp_path: Pa
                                                     str(tmp_path / "other" / "ca.pem")])
         assert foreign.exit_code == 1
         assert "not issued by the fleet CA 'another fleet'" in foreign.output
+
+
+def test_wheelhouse_publish_attests_what_it_publishes(tmp_path: Path) -> None:
+    config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "ws"),
+                    upstream="off")
+    wheel = make_wheel(tmp_path / "w", "demo", f"1.0+{V.local_label}")
+    done = CliRunner().invoke(publish_command, [str(wheel), "--variant", V.key], obj=config)
+    assert done.exit_code == 0, done.output
+    storage = open_storage(config)
+    record = Catalog(storage, 0).files(V, canonicalize_name("demo"))[0]
+    (verified,) = attest.verify_document(storage.get_bytes(record.provenance_key),
+                                         ca.ca_cert_for(config), wheel.name, record.sha256)
+    assert verified.signer == "index"
+    assert str(verified.predicate["publisher"]).startswith("wheelhouse publish by ")
