@@ -46,7 +46,7 @@ def ca_init(directory: Path, name: str) -> None:
 
 @ca_group.command("issue")
 @click.argument("name")
-@click.option("--ca-dir", type=click.Path(file_okay=False, exists=True, path_type=Path),
+@click.option("--ca-dir", type=click.Path(file_okay=False, path_type=Path),
               required=True, help="The directory `wheelhouse ca init` made.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="Where NAME.pem and NAME.key (0600) are written.")
@@ -92,7 +92,7 @@ def _provenance_url(index: str, filename: str) -> str:
 @click.option("--index", default=None, metavar="URL",
               help="The index root that lists the wheel (…/<variant>/simple/); with a URL to a "
                    "wheel, its provenance is looked for beside it.")
-@click.option("--ca", "ca_path", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--ca", "ca_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="The fleet CA's certificate (PEM); default: the index's "
                                  "/api/provenance/ca.pem, which only proves the index vouches "
                                  "for itself.")

@@ -114,6 +114,8 @@ def load_identity(cert_path: Path, key_path: Path) -> Identity:
 def load_cert(path: Path) -> x509.Certificate:
     try:
         return x509.load_pem_x509_certificate(path.read_bytes())
+    except OSError as exc:
+        raise ProvenanceInvalid(f"{path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise ProvenanceInvalid(f"{path}: not a PEM certificate ({exc})") from None
 
