@@ -67,6 +67,14 @@ WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_C
 WEB_SOURCE_WRITES = (SOURCES,)
 
 
+#: Where a record's JSON keeps ``Record.provenance_sha256`` (see :meth:`Record.to_json`).
+_PROVENANCE_IN_BUILD = "provenance_sha256"
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
 def _base(base: Variant | str) -> str:
     return base if isinstance(base, str) else base.key
 
@@ -229,7 +237,13 @@ class Record:
         data["variant"] = self.variant.key
         data["archs"] = None if self.archs is None else list(self.archs)
         data["build"] = self.build.to_dict()
-        for optional in ("variant_label", "variant_of", "provenance_sha256"):
+        # Readers older than provenance take every top-level key as a field (and fail on one
+        # they don't know), but ignore unknown keys of the build object: the digest rides
+        # there, so that every record a newer publisher writes stays readable by them.
+        provenance = data.pop("provenance_sha256")
+        if provenance is not None:
+            data["build"][_PROVENANCE_IN_BUILD] = provenance
+        for optional in ("variant_label", "variant_of"):
             if data[optional] is None:
                 del data[optional]  # so that servers older than variant wheels read it
         return json.dumps(data, sort_keys=True, indent=1).encode()
@@ -241,7 +255,10 @@ class Record:
         data["archs"] = None if archs is None else tuple(archs)
         data["project"] = canonicalize_name(data["project"])
         data["variant"] = parse_variant(data["variant"])
-        data["build"] = BuildFacts.from_dict(data.get("build"))
+        build = data.get("build")
+        if "provenance_sha256" not in data and isinstance(build, dict):
+            data["provenance_sha256"] = _str_or_none(build.get(_PROVENANCE_IN_BUILD))
+        data["build"] = BuildFacts.from_dict(build)
         known = {f.name for f in fields(cls)}
         # A newer writer's fields are ignored, so that a rolling upgrade never breaks a reader.
         return cls(**{k: v for k, v in data.items() if k in known})

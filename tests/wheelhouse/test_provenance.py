@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import stat
+from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -239,9 +240,14 @@ def test_the_record_owns_its_provenance(built: tuple[LocalStorage, Record, Path]
     storage, record, _wheel = built
     assert record.keys()[record.provenance_key] == "provenance"
     assert storage.exists(record.provenance_key)
+    stored = json.loads(record.to_json())
+    # A reader older than provenance takes each top-level key as a field: none is added.
+    assert set(stored) <= {f.name for f in fields(Record)} - {"provenance_sha256"}
+    assert stored["build"]["provenance_sha256"] == record.provenance_sha256
     older = json.loads(record.to_json())
-    del older["provenance_sha256"]
+    del older["build"]["provenance_sha256"]
     assert Record.from_json(json.dumps(older).encode()).provenance_sha256 is None
+    assert BuildFacts.from_dict(stored["build"]) == record.build
     newer = older | {"a_field_from_the_future": 1}
     assert Record.from_json(json.dumps(newer).encode()).filename == record.filename
     delete(storage, Target.parse(record.filename), who="test")
