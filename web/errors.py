@@ -27,6 +27,7 @@ from wheelhouse.errors import (
     InvalidWheel,
     NothingPublished,
     NotOwner,
+    ProvenanceUnavailable,
     QueueUnavailable,
     StorageError,
     TokenError,
@@ -61,6 +62,7 @@ STATUS: list[tuple[type[Exception], int]] = [
     (StorageError, 503),
     (UpstreamUnavailable, 503),
     (QueueUnavailable, 503),
+    (ProvenanceUnavailable, 503),
     (WheelhouseError, 400),
 ]
 

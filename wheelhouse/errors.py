@@ -47,6 +47,11 @@ class ProvenanceInvalid(WheelhouseError, ValueError):
     CA, or does not describe the file it is offered for."""
 
 
+class ProvenanceUnavailable(WheelhouseError, RuntimeError):
+    """This process can't sign provenance or name its CA: the configured certificate or key is
+    unreadable, or the workspace can't hold the box's own CA. Nothing is published unsigned."""
+
+
 class NotOwner(WheelhouseError, PermissionError):
     """A publisher that does not own the project it publishes into (or a token limited to
     other projects): nothing is stored."""

@@ -205,3 +205,16 @@ def test_the_project_page_says_who_built_what_from_what(redis_url: str, conn: Re
     assert attest.digest(client.get(link.group(1)).data) == record.provenance_sha256
     upload_row = next(line for line in page.split("<tr>") if uploaded.name in line)
     assert "uploaded" in upload_row and "signed provenance" in upload_row
+
+
+def test_an_index_that_cannot_sign_refuses_uploads_with_503(redis_url: str, conn: Redis,
+                                                            tmp_path: Path) -> None:
+    (tmp_path / "not-a-dir").write_bytes(b"")
+    app = make_app(redis_url, tmp_path, workspace=str(tmp_path / "not-a-dir"))
+    client = app.test_client()
+    wheel = make_wheel(tmp_path / "w", "demo", f"1.0+{V.local_label}")
+    status, text = _upload(client, token(conn, "uploader", ("upload",)), wheel)
+    assert status == 503 and "provenance can't be signed" in text
+    assert client.get("/api/provenance/ca.pem").status_code == 503
+    with app.app_context():
+        assert list(services().storage.list("records/")) == []

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from wheelhouse.config import Config
-from wheelhouse.errors import ProvenanceInvalid
+from wheelhouse.errors import ProvenanceInvalid, ProvenanceUnavailable
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
@@ -194,23 +194,37 @@ def local_identity(directory: Path, name: str) -> Identity:
 
 def signer_for(config: Config, name: str) -> Identity:
     """Who signs for this process: the configured certificate and key, or ``name`` from the
-    workspace's own CA."""
-    if config.provenance_cert:
-        if not config.provenance_key:
-            raise ProvenanceInvalid("WHEELHOUSE_PROVENANCE_CERT is set without "
-                                    "WHEELHOUSE_PROVENANCE_KEY")
-        return load_identity(Path(config.provenance_cert), Path(config.provenance_key))
-    return local_identity(workspace_dir(config), name)
+    workspace's own CA; :class:`ProvenanceUnavailable` where neither can be had."""
+    try:
+        if config.provenance_cert:
+            if not config.provenance_key:
+                raise ProvenanceUnavailable("WHEELHOUSE_PROVENANCE_CERT is set without "
+                                            "WHEELHOUSE_PROVENANCE_KEY")
+            return load_identity(Path(config.provenance_cert), Path(config.provenance_key))
+        return local_identity(workspace_dir(config), name)
+    except (OSError, ProvenanceInvalid) as exc:
+        raise _unavailable(config, exc) from None
 
 
 def ca_cert_for(config: Config) -> x509.Certificate:
     """The CA that provenance here chains to: the configured one, or the workspace's own
     (made on first use, so that a box's first build and its index agree)."""
-    if config.provenance_ca:
-        return load_cert(Path(config.provenance_ca))
-    directory = workspace_dir(config)
-    if not (directory / CA_CERT).exists():
-        with _locked(directory):
-            if not (directory / CA_KEY).exists():
-                init_ca(directory)
-    return load_cert(directory / CA_CERT)
+    try:
+        if config.provenance_ca:
+            return load_cert(Path(config.provenance_ca))
+        directory = workspace_dir(config)
+        if not (directory / CA_CERT).exists():
+            with _locked(directory):
+                if not (directory / CA_KEY).exists():
+                    init_ca(directory)
+        return load_cert(directory / CA_CERT)
+    except (OSError, ProvenanceInvalid) as exc:
+        raise _unavailable(config, exc) from None
+
+
+def _unavailable(config: Config, exc: Exception) -> ProvenanceUnavailable:
+    where = ("the configured certificate (WHEELHOUSE_PROVENANCE_CA/_CERT/_KEY)"
+             if config.provenance_ca or config.provenance_cert
+             else f"the box's own CA in {workspace_dir(config)} (set WHEELHOUSE_WORKSPACE to a "
+                  "writable directory, or WHEELHOUSE_PROVENANCE_CA/_CERT/_KEY)")
+    return ProvenanceUnavailable(f"provenance can't be signed or checked: {where}: {exc}")
