@@ -20,6 +20,7 @@ from web import (
     home,
     matrixpage,
     ops,
+    provenance,
     requestpage,
     signin,
     simple,
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 #: The blueprints the app serves, in registration order.
 BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, signin.bp, matrixpage.bp,
-              requestpage.bp, buildpage.bp, upload.bp, admin.bp)
+              requestpage.bp, buildpage.bp, upload.bp, admin.bp, provenance.bp)
 
 
 class _LazySessions(SecureCookieSessionInterface):

@@ -22,6 +22,7 @@ from wheelhouse.fanout import (
     request_state,
 )
 from wheelhouse.fleet import explain_unservable
+from wheelhouse.layout import PROVENANCE_SUFFIX
 from wheelhouse.queue import (
     BuildState,
     BuildStatus,
@@ -195,6 +196,7 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
     """
     spec = spec_of(status)
     facts = status.build
+    record = None
     if catalog is not None and spec is not None and status.state is BuildState.BUILT:
         record = catalog.published_for(spec)
         if record is not None and (facts.peak_tree_bytes is None or facts.device_code is None):
@@ -254,6 +256,12 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
                           "hit_rate": round(facts.compile_cache.hit_rate, 3)}
         if facts.compile_cache is not None else None,
         "toolkit": facts.toolkit,
+        # What it was built from, and where the signed statement of it is (PEP 740).
+        "source": {"url": facts.sdist_url or facts.sdist, "sha256": facts.sdist_sha256}
+        if facts.sdist_url or facts.sdist else None,
+        "provenance": f"{base_url.rstrip('/')}/files/{record.variant.base.key}/{record.project}/"
+                      f"{record.filename}{PROVENANCE_SUFFIX}"
+        if record is not None and record.provenance_sha256 is not None else None,
         "wheel": status.wheel,
         "install": install_command(base_url, spec) if spec and status.state is BuildState.BUILT
         else None,

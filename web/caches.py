@@ -17,7 +17,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from werkzeug.utils import get_content_type
 
@@ -43,8 +45,15 @@ class Page:
         return get_content_type(self.mimetype or "text/html", "utf-8")
 
 
-#: (script root + kind, variant key, project name as requested, format).
+#: (origin + script root + kind, variant key, project name as requested, format).
 PageKey = tuple[str, str, str, str]
+
+
+def origin(environ: Mapping[str, Any]) -> str:
+    """``scheme://host`` as the request names it (after ProxyFix): a page holds fully
+    qualified provenance URLs (PEP 740), so one page is kept per origin."""
+    host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
+    return f"{environ.get('wsgi.url_scheme', 'http')}://{host}"
 
 
 class _LRU:

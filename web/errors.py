@@ -28,6 +28,7 @@ from wheelhouse.errors import (
     NothingPublished,
     NotOwner,
     OutOfReach,
+    ProvenanceUnavailable,
     QueueUnavailable,
     StorageError,
     TokenError,
@@ -63,6 +64,7 @@ STATUS: list[tuple[type[Exception], int]] = [
     (StorageError, 503),
     (UpstreamUnavailable, 503),
     (QueueUnavailable, 503),
+    (ProvenanceUnavailable, 503),
     (WheelhouseError, 400),
 ]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from packaging.utils import NormalizedName
 
-from web.caches import STATUS_LINES, etag_matches
+from web.caches import STATUS_LINES, etag_matches, origin
 from web.errors import CATALOG_HEADER, catalog_header
 from web.files import IMMUTABLE, METADATA_SUFFIX
 from web.services import Services
@@ -80,7 +80,8 @@ class CachedPages:
         fmt = self.formats.get(environ.get("HTTP_ACCEPT", ""))
         if fmt is None:
             return None
-        key = (environ.get("SCRIPT_NAME", "") + kind, parts[1], parts[3], fmt)
+        key = (origin(environ) + environ.get("SCRIPT_NAME", "") + kind, parts[1], parts[3],
+               fmt)
         page = self.pages.get(self.catalog.generation, key)
         if page is not None and page.status != 200:
             # A redirect upstream may be what this process knew before another one published

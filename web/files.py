@@ -1,8 +1,10 @@
-"""Wheel and ``.metadata`` downloads: immutable, strong ETags, ranges, S3 stream or redirect.
+"""Wheel, ``.metadata`` and ``.provenance`` downloads: immutable, strong ETags, ranges, S3
+stream or redirect.
 
 A published file is served only as its record describes it: the stored wheel's size is checked
 before the first byte is sent (a truncated or missing wheel answers 503, never a short 200 or a
-closed connection), and a ``.metadata`` body is hashed before it is served or kept.
+closed connection), and a ``.metadata`` or ``.provenance`` body (PEP 658, PEP 740) is hashed
+against its record before it is served or kept.
 
 Wheel bytes avoid Python where they can: a local file (whole or one range) goes to the WSGI
 server's file wrapper, which gunicorn sends with ``sendfile``; behind nginx, Apache or
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 
 IMMUTABLE = "max-age=31536000, immutable, public"
 METADATA_SUFFIX = ".metadata"
+PROVENANCE_SUFFIX = ".provenance"
 #: ``WHEELHOUSE_LOCAL_FILE_MODE``: the index sends local files (with the WSGI server's
 #: sendfile), or has the reverse proxy in front send them.
 LOCAL_FILE_MODES = ("sendfile", "x-accel-redirect", "x-sendfile")
@@ -80,6 +83,13 @@ def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
         body = _metadata(record)
         return _serve(record.metadata_key, record.metadata_sha256, len(body), "text/plain",
                       lambda start, stop: (body[start:stop],))
+    if filename.endswith(PROVENANCE_SUFFIX):
+        record = _lookup(base_key, project, filename.removesuffix(PROVENANCE_SUFFIX))
+        if record.provenance_sha256 is None:
+            raise NotFound(f"{record.filename} was published without provenance")
+        body = _small(record.provenance_key, record.provenance_sha256, record)
+        return _serve(record.provenance_key, record.provenance_sha256, len(body),
+                      "application/json", lambda start, stop: (body[start:stop],))
     record = _lookup(base_key, project, filename)
     return _serve(record.wheel_key, record.sha256, record.size, "application/octet-stream",
                   lambda start, stop: _open_wheel(record, start, stop))
@@ -88,8 +98,13 @@ def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
 def _metadata(record: Record) -> bytes:
     """METADATA bodies are small and immutable once published: keep them in memory, once
     their hash matches the record."""
+    return _small(record.metadata_key, record.metadata_sha256, record)
+
+
+def _small(key: str, sha256: str, record: Record) -> bytes:
+    """A small immutable file of a published wheel (its METADATA, its provenance), from
+    memory once its hash matched the record's."""
     svc = services()
-    key = record.metadata_key
     body = svc.metadata.get(key)
     if body is None:
         _storage_answers()
@@ -98,9 +113,9 @@ def _metadata(record: Record) -> bytes:
         except FileNotFoundError:
             raise _damaged(key, record, "is missing from storage") from None
         digest = hashlib.sha256(body).hexdigest()
-        if digest != record.metadata_sha256:
+        if digest != sha256:
             raise _damaged(key, record, f"has sha256 {digest[:12]}… in storage, "
-                                        f"{record.metadata_sha256[:12]}… in its record")
+                                        f"{sha256[:12]}… in its record")
         svc.metadata.put(key, body)
     return body
 

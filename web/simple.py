@@ -25,11 +25,12 @@ from werkzeug.exceptions import NotFound
 from werkzeug.wrappers import Response as BaseResponse
 
 from web import onmiss
-from web.caches import Page, PageKey, etag_matches
+from web.caches import Page, PageKey, etag_matches, origin
 from web.services import services
 from wheelhouse import variantwheels
 from wheelhouse.catalog import Listing, Record
 from wheelhouse.errors import InvalidProjectName
+from wheelhouse.layout import PROVENANCE_SUFFIX
 from wheelhouse.ownership import pinned
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import parse_name, split_variant_label
@@ -108,7 +109,7 @@ def _lookup(kind: str, variant_key: str, name: str,
             fmt: str) -> tuple[str, PageKey, Page | None]:
     svc = services()
     generation = svc.catalog.generation
-    key = (request.script_root + kind, variant_key, name, fmt)
+    key = (origin(request.environ) + request.script_root + kind, variant_key, name, fmt)
     page = svc.pages.get(generation, key)
     (svc.metrics.page_hit if page is not None else svc.metrics.page_miss).inc()
     return generation, key, page
@@ -278,6 +279,14 @@ def _file_url(r: Record) -> str:
                    filename=r.filename)
 
 
+def provenance_url(r: Record) -> str | None:
+    """PEP 740: the fully qualified URL of the file's provenance, or None without one."""
+    if r.provenance_sha256 is None:
+        return None
+    return url_for("files.wheel", base_key=r.variant.base.key, project=r.project,
+                   filename=r.filename + PROVENANCE_SUFFIX, _external=True)
+
+
 # -- the plain root /simple/: wheel variants (wheelhouse.variantwheels) --
 
 #: The plain root's place in the page cache's keys (no variant key is empty).
@@ -413,11 +422,12 @@ def _render_project(project: NormalizedName, files: list[Record], fmt: str,
                 "yanked": r.yanked,
                 "size": r.size,
                 "upload-time": r.upload_time,
+                "provenance": provenance_url(r),
             })
         entries.extend({"filename": d.filename, "url": d.url, "hashes": {"sha256": d.sha256}}
                        for d in documents)
         return json.dumps({"meta": {"api-version": API_VERSION}, "name": project,
                            "versions": list(versions), "files": entries})
-    links = [(r, _file_url(r)) for r in files]
+    links = [(r, _file_url(r), provenance_url(r)) for r in files]
     return render_template("simple_project.html", project=project, links=links,
                            documents=documents, api_version=API_VERSION)

@@ -160,7 +160,10 @@ class BuildFacts:
     """The torch version installed into the build venv, e.g. ``2.14.1+cu130``."""
     sdist: str | None = None
     sdist_sha256: str | None = None
-    """Where the sdist came from the upstream index: its verified hash."""
+    """The sdist's sha256: verified against the upstream's or the upload's, or of a local file."""
+    sdist_url: str | None = None
+    """Where the sdist came from: the upstream's link, the uploaded sdist's storage key, or a
+    local ``file:`` URL (signed into the wheel's provenance)."""
     max_jobs: MaxJobs | None = None
     peak_tree_bytes: int | None = None
     """Peak memory of the build's whole process tree: the build's peak memory."""
@@ -231,6 +234,7 @@ class BuildFacts:
             torch=_str(data.get("torch")),
             sdist=_str(data.get("sdist")),
             sdist_sha256=_str(data.get("sdist_sha256")),
+            sdist_url=_str(data.get("sdist_url")),
             max_jobs=_max_jobs(data.get("max_jobs")),
             peak_tree_bytes=_int(data.get("peak_tree_bytes")),
             peak_job_bytes=_int(data.get("peak_job_bytes")),

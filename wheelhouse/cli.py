@@ -122,9 +122,11 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
             archs: tuple[str, ...]) -> None:
     """Publish existing wheels into a variant's index."""
     # Imported when the command runs: every `wheelhouse` call loads this module.
+    from wheelhouse.manage import operator as operator_name  # noqa: PLC0415
     from wheelhouse.ownership import FLEET, Publisher, admit  # noqa: PLC0415
     from wheelhouse.publish import publish as do_publish  # noqa: PLC0415
     from wheelhouse.storage import open_storage  # noqa: PLC0415
+    from wheelhouse.upload import upload_signer  # noqa: PLC0415
     from wheelhouse.variants import normalize_arch, parse_variant  # noqa: PLC0415
     from wheelhouse.wheels import parse_name  # noqa: PLC0415
 
@@ -142,8 +144,11 @@ def publish(config: Config, files: tuple[Path, ...], variant_key: str, relabel: 
         for path in files:
             admit(storage, config, parse_name(path.name).project, operator, variant,
                   recipe=False)
+            # Attested as an upload is: who published it here, when (wheelhouse.provenance).
+            sign = upload_signer(config, Publisher(f"wheelhouse publish by {operator_name()}"),
+                                 [], path.name)
             rec = do_publish(storage, path, variant, relabel_wheel=relabel, archs=normalized,
-                             claim_timeout=config.publish_timeout)
+                             claim_timeout=config.publish_timeout, sign=sign)
             click.echo(f"published {rec.filename} to {variant.key} in {where} "
                        f"(sha256 {rec.sha256})")
     except WheelhouseError as exc:

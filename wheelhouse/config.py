@@ -267,6 +267,15 @@ class Config:
     toolkit_provision: str = ""
     """CUDA versions a worker provisions and proves at start (``12.8 13.0``, ``auto``)."""
 
+    provenance_ca: str = ""
+    """The fleet CA's certificate (PEM) provenance chains to; empty: the workspace's own CA."""
+
+    provenance_cert: str = ""
+    """Signing certificate (PEM, ``wheelhouse ca issue``); empty: one the workspace CA issues."""
+
+    provenance_key: str = ""
+    """The private key (PEM, mode 0600) of ``provenance_cert``."""
+
     extra: Mapping[str, str] = field(default_factory=dict)
     """Settings this version does not know; kept so that callers can inspect them."""
 

@@ -42,6 +42,16 @@ class InvalidUpload(WheelhouseError, ValueError):
     disagree with the file, a digest that does not match, a wheel without the root's label."""
 
 
+class ProvenanceInvalid(WheelhouseError, ValueError):
+    """A provenance document, attestation or certificate that does not verify against the fleet
+    CA, or does not describe the file it is offered for."""
+
+
+class ProvenanceUnavailable(WheelhouseError, RuntimeError):
+    """This process can't sign provenance or name its CA: the configured certificate or key is
+    unreadable, or the workspace can't hold the box's own CA. Nothing is published unsigned."""
+
+
 class NotOwner(WheelhouseError, PermissionError):
     """A publisher that does not own the project it publishes into (or a token limited to
     other projects): nothing is stored."""

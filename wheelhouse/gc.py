@@ -70,7 +70,8 @@ def plan(
     catalog = Catalog(storage, refresh_seconds=0)
     catalog.refresh()
     records = [*catalog.all_records(), *catalog.quarantined()]
-    published = {r.wheel_key for r in records} | {r.metadata_key for r in records}
+    published = ({r.wheel_key for r in records} | {r.metadata_key for r in records}
+                 | {r.provenance_key for r in records if r.provenance_sha256 is not None})
     out: list[Deletion] = []
     for obj in storage.list(WHEELS):
         if obj.key not in published and now - obj.mtime > leftover_age:
@@ -136,6 +137,8 @@ def _prune(records: list[Record], keep: int, sometimes: dict[str, int]) -> list[
             for key, what in r.keys().items():
                 if key.startswith((LOGS, QUARANTINE, YANKS)) and key not in sometimes:
                     continue
+                if key == r.provenance_key and r.provenance_sha256 is None:
+                    continue  # published before provenance, or without a signer
                 size = r.size if key == r.wheel_key else sometimes.get(key, 0)
                 why = (f"older than the newest {keep} versions" if key == r.key
                        else f"{what} of pruned {r.filename}")

@@ -2,6 +2,8 @@
 
 - ``wheels/<base variant>/<project>/<file>``           the wheel
 - ``wheels/<base variant>/<project>/<file>.metadata``  its METADATA (PEP 658)
+- ``wheels/<base variant>/<project>/<file>.provenance``  its signed provenance (PEP 740;
+  :mod:`wheelhouse.provenance`), written before the record, which holds its sha256
 - ``records/<base variant>/<project>/<file>.json``     the record (:class:`Record`); written
   last, so it *is* the publication: only files with a record are listed
 - ``claims/<base variant>/<file>``                    who is publishing that name (see publish)
@@ -54,6 +56,7 @@ STATS = "stats/"
 COMPILE_CACHE = "sccache/"
 SOURCES = "sources/"
 METADATA_SUFFIX = ".metadata"
+PROVENANCE_SUFFIX = ".provenance"
 #: What build workers (and ``wheelhouse publish`` with their credentials) write: their S3
 #: policy (``deploy/s3/worker-policy.json``) must allow each, and nothing else (quarantine
 #: markers and deletions are the operator's). A first publication writes its project's owner
@@ -63,6 +66,14 @@ WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_C
 #: What the web writes when a build is requested with a local sdist (``PUT /api/sources/...``);
 #: with the read-only web policy of ``deploy/s3/web-policy.json`` those uploads answer 503.
 WEB_SOURCE_WRITES = (SOURCES,)
+
+
+#: Where a record's JSON keeps ``Record.provenance_sha256`` (see :meth:`Record.to_json`).
+_PROVENANCE_IN_BUILD = "provenance_sha256"
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _base(base: Variant | str) -> str:
@@ -77,6 +88,11 @@ def wheel_key(base: Variant | str, project: str, filename: str) -> str:
 def metadata_key(base: Variant | str, project: str, filename: str) -> str:
     """Where a wheel's METADATA is stored, served as ``<file>.metadata`` (PEP 658)."""
     return wheel_key(base, project, filename) + METADATA_SUFFIX
+
+
+def provenance_key(base: Variant | str, project: str, filename: str) -> str:
+    """Where a wheel's provenance document is stored, served as ``<file>.provenance``."""
+    return wheel_key(base, project, filename) + PROVENANCE_SUFFIX
 
 
 def record_key(base: Variant | str, project: str, filename: str) -> str:
@@ -170,6 +186,9 @@ class Record:
     variant_of: str | None = None
     """On a variant form: the file name of the wheel it was made from, so that yanking or
     deleting that wheel takes its variant form along (:mod:`wheelhouse.manage`)."""
+    provenance_sha256: str | None = None
+    """Of the signed provenance document stored beside the wheel; None for a wheel published
+    without one (before provenance, or by ``wheelhouse publish`` with no signer)."""
 
     @property
     def wheel_key(self) -> str:
@@ -178,6 +197,10 @@ class Record:
     @property
     def metadata_key(self) -> str:
         return metadata_key(self.variant.base, self.project, self.filename)
+
+    @property
+    def provenance_key(self) -> str:
+        return provenance_key(self.variant.base, self.project, self.filename)
 
     @property
     def key(self) -> str:
@@ -207,7 +230,8 @@ class Record:
         quarantine marker, a yank marker or a build log."""
         return {self.key: "record", self.quarantine_key: "quarantine marker",
                 self.yank_key: "yank marker",
-                self.metadata_key: "metadata", self.wheel_key: "wheel",
+                self.metadata_key: "metadata", self.provenance_key: "provenance",
+                self.wheel_key: "wheel",
                 self.log_key: "build log", self.claim_key: "claim"}
 
     def to_json(self) -> bytes:
@@ -215,6 +239,12 @@ class Record:
         data["variant"] = self.variant.key
         data["archs"] = None if self.archs is None else list(self.archs)
         data["build"] = self.build.to_dict()
+        # Readers older than provenance take every top-level key as a field (and fail on one
+        # they don't know), but ignore unknown keys of the build object: the digest rides
+        # there, so that every record a newer publisher writes stays readable by them.
+        provenance = data.pop("provenance_sha256")
+        if provenance is not None:
+            data["build"][_PROVENANCE_IN_BUILD] = provenance
         for optional in ("variant_label", "variant_of"):
             if data[optional] is None:
                 del data[optional]  # so that servers older than variant wheels read it
@@ -227,5 +257,8 @@ class Record:
         data["archs"] = None if archs is None else tuple(archs)
         data["project"] = canonicalize_name(data["project"])
         data["variant"] = parse_variant(data["variant"])
-        data["build"] = BuildFacts.from_dict(data.get("build"))
+        build = data.get("build")
+        if "provenance_sha256" not in data and isinstance(build, dict):
+            data["provenance_sha256"] = _str_or_none(build.get(_PROVENANCE_IN_BUILD))
+        data["build"] = BuildFacts.from_dict(build)
         return cls(**known_fields(cls, data))  # a newer writer's fields: ignored (shapes)

@@ -1,6 +1,7 @@
 """Publishing: put a wheel into storage so that the index lists it, atomically.
 
-Order matters: the claim on the file name, the wheel, its ``.metadata``, then the record
+Order matters: the claim on the file name, the wheel, its ``.metadata`` and ``.provenance``
+(where a signer signs it: :mod:`wheelhouse.provenance`), then the record
 (create-if-absent), then the generation marker. A crash before the record leaves an unlisted
 leftover for ``wheelhouse gc``; a reader never sees a record whose files are not all there.
 
@@ -24,6 +25,7 @@ import socket
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +55,10 @@ from wheelhouse.wheels import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Signs a file's provenance: ``(file name, sha256) -> provenance document`` (PEP 740). Called
+#: for the wheel and again for its variant form, each its own subject.
+Signer = Callable[[str, str], bytes]
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,7 @@ def publish(
     claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
     by: str | None = None,
     variant_form: bool = True,
+    sign: Signer | None = None,
 ) -> Record:
     """Validate ``path`` for ``variant`` and publish it; return its record.
 
@@ -144,7 +151,8 @@ def publish(
     operator's ``Config.publish_timeout`` (callers with a configuration pass it); ``by`` names
     the publisher in its claim. With ``variant_form``, the wheel's variant form is published too
     (or repaired, for bytes published before), for the plain root ``/simple/``: see
-    :func:`publish_variant_form`.
+    :func:`publish_variant_form`. ``sign``, where given, signs the provenance stored beside
+    each file.
     """
     name = parse_name(path.name)
     with tempfile.TemporaryDirectory(prefix="wheelhouse-publish-") as tmp:
@@ -161,11 +169,13 @@ def publish(
         metadata = read_metadata(path)
         record = _new_record(name.filename, path, metadata, meta, variant, archs, build)
         check_identity(storage, name, record)
-        published = _write(storage, record, path, metadata, claim_timeout, by)
+        record, provenance = _signed(record, sign)
+        published = _write(storage, record, path, metadata, claim_timeout, by, provenance)
         if published is record:
             bump_generation(storage)
         if variant_form:
-            publish_variant_form(storage, path, published, claim_timeout=claim_timeout, by=by)
+            publish_variant_form(storage, path, published, claim_timeout=claim_timeout, by=by,
+                                 sign=sign)
     return published
 
 
@@ -251,7 +261,8 @@ class CheckedVariant:
 def publish_checked(storage: Storage, wheel: Checked, variant: Variant, *,
                     archs: tuple[str, ...] | None = None, build: BuildFacts | None = None,
                     claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT, by: str | None = None,
-                    variant_form: CheckedVariant | None = None) -> Record:
+                    variant_form: CheckedVariant | None = None,
+                    sign: Signer | None = None) -> Record:
     """:func:`publish` for a wheel the build's sandbox checked, without opening its zip here.
 
     The worker never parses a build's wheel itself (docs/security.md): the record comes from the
@@ -264,21 +275,32 @@ def publish_checked(storage: Storage, wheel: Checked, variant: Variant, *,
     meta = consistent_metadata(wheel.metadata, name)
     _check_label(name, variant)
     record = _new_record(name.filename, wheel.path, wheel.metadata, meta, variant, archs, build)
-    published = _write(storage, record, wheel.path, wheel.metadata, claim_timeout, by)
+    record, provenance = _signed(record, sign)
+    published = _write(storage, record, wheel.path, wheel.metadata, claim_timeout, by,
+                       provenance)
     if published is record:
         bump_generation(storage)
     if variant_form is not None:
         try:
             _publish_variant_file(storage, published, variant_form.wheel.path,
                                   variant_form.wheel.metadata, variant_form.label,
-                                  variant_form.archs, claim_timeout=claim_timeout, by=by)
+                                  variant_form.archs, claim_timeout=claim_timeout, by=by,
+                                  sign=sign)
         except (ValueError, OSError) as exc:  # InvalidWheel, StorageError (unavailable) too
             log.warning("no variant form of %s: %s", published.filename, exc)
     return published
 
 
+def _signed(record: Record, sign: Signer | None) -> tuple[Record, bytes | None]:
+    """The record with the digest of its provenance, and that document (None: unsigned)."""
+    if sign is None:
+        return record, None
+    document = sign(record.filename, record.sha256)
+    return replace(record, provenance_sha256=hashlib.sha256(document).hexdigest()), document
+
+
 def _write(storage: Storage, record: Record, path: Path, metadata: bytes, timeout: float,
-           by: str | None) -> Record:
+           by: str | None, provenance: bytes | None = None) -> Record:
     """The protocol (claim, wheel, ``.metadata``, record) for one file; the record that is
     published now (``record`` itself when this call wrote it: the caller bumps the
     generation)."""
@@ -296,6 +318,9 @@ def _write(storage: Storage, record: Record, path: Path, metadata: bytes, timeou
     # step, so the window in which it can spoil the new holder's files is one write.
     _still_ours(storage, ckey, record.sha256, record.filename)
     storage.put_bytes(record.metadata_key, metadata)
+    if provenance is not None:
+        _still_ours(storage, ckey, record.sha256, record.filename)
+        storage.put_bytes(record.provenance_key, provenance)
     _still_ours(storage, ckey, record.sha256, record.filename)
     try:
         storage.put_bytes(rkey, record.to_json(), exclusive=True)
@@ -311,7 +336,7 @@ def _write(storage: Storage, record: Record, path: Path, metadata: bytes, timeou
 
 def publish_variant_form(storage: Storage, path: Path, source: Record, *,
                          claim_timeout: float = DEFAULT_PUBLISH_TIMEOUT,
-                         by: str | None = None) -> Record | None:
+                         by: str | None = None, sign: Signer | None = None) -> Record | None:
     """Publish the variant form (:mod:`wheelhouse.variantwheels`) of the published wheel
     ``source`` whose bytes are at ``path``; its record, or None where there is none to make.
 
@@ -328,7 +353,7 @@ def publish_variant_form(storage: Storage, path: Path, source: Record, *,
             vpath, label = variantwheels.make_variant_wheel(path, source.variant, archs,
                                                             Path(tmp))
             return _publish_variant_file(storage, source, vpath, read_metadata(vpath), label,
-                                         archs, claim_timeout=claim_timeout, by=by)
+                                         archs, claim_timeout=claim_timeout, by=by, sign=sign)
     except (ValueError, OSError) as exc:  # InvalidWheel, StorageError (unavailable) too
         log.warning("no variant form of %s: %s", source.filename, exc)
         return None
@@ -336,7 +361,7 @@ def publish_variant_form(storage: Storage, path: Path, source: Record, *,
 
 def _publish_variant_file(storage: Storage, source: Record, vpath: Path, metadata: bytes,
                           label: str, archs: tuple[str, ...], *, claim_timeout: float,
-                          by: str | None) -> Record | None:
+                          by: str | None, sign: Signer | None = None) -> Record | None:
     """Publish the variant form at ``vpath`` of the published ``source``; None where a
     variant wheel of that name made from another source stands."""
     meta = parse_metadata(metadata)
@@ -344,9 +369,10 @@ def _publish_variant_file(storage: Storage, source: Record, vpath: Path, metadat
         source, filename=vpath.name, version=str(meta.version), archs=archs,
         sha256=sha256_file(vpath), size=vpath.stat().st_size,
         metadata_sha256=hashlib.sha256(metadata).hexdigest(), yanked=False,
-        variant_label=label, variant_of=source.filename)
+        variant_label=label, variant_of=source.filename, provenance_sha256=None)
+    record, provenance = _signed(record, sign)
     try:
-        published = _write(storage, record, vpath, metadata, claim_timeout, by)
+        published = _write(storage, record, vpath, metadata, claim_timeout, by, provenance)
     except AlreadyPublished as exc:
         log.info("variant form of %s left out: %s", source.filename, exc)
         return None

@@ -5,13 +5,20 @@ The legacy API (PyPI's, pypiserver's, devpi's) is a multipart POST with ``:actio
 ``file_upload``, the file as ``content``, and fields that describe it: ``name``, ``version``,
 ``filetype``, ``sha256_digest`` (and ``md5_digest``, ``blake2_256_digest``, metadata).
 This module takes those fields and the stored file; the web turns the HTTP request into them.
+
+Provenance (PEP 740): the index signs a publish attestation for every uploaded file (who sent
+it, when; the file's sha256 is its subject). Attestations a client sends in the ``attestations``
+field (a JSON list of attestation objects) must verify against the fleet CA and be about this
+file, or the upload is refused; they are served beside the index's own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Collection, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
@@ -19,13 +26,14 @@ from packaging.version import InvalidVersion, Version
 
 from wheelhouse.catalog import Record
 from wheelhouse.config import Config
-from wheelhouse.errors import InvalidUpload, InvalidWheel
+from wheelhouse.errors import InvalidUpload, InvalidWheel, ProvenanceInvalid
 from wheelhouse.ownership import Publisher, admit
-from wheelhouse.publish import publish
+from wheelhouse.provenance import attest, ca, predicates
+from wheelhouse.publish import Signer, publish
 from wheelhouse.storage import Storage
 from wheelhouse.uploadchecks import check_upload
 from wheelhouse.variants import Variant
-from wheelhouse.wheels import parse_name
+from wheelhouse.wheels import parse_name, sha256_file
 
 #: The ``:action`` of an upload in the legacy API.
 FILE_UPLOAD = "file_upload"
@@ -64,6 +72,60 @@ def check_digests(fields: Mapping[str, str], path: Path) -> None:
         if not hmac.compare_digest(hashers[algo].hexdigest(), value):
             raise InvalidUpload(f"{path.name}: {field} does not match the bytes received "
                                 "(the upload was damaged or cut short); upload it again")
+
+
+#: The name the index signs with where the workspace's own CA issues its certificate.
+INDEX_SIGNER = "index"
+
+
+def client_attestations(fields: Mapping[str, str], path: Path,
+                        config: Config) -> list[attest.Attestation]:
+    """The attestations the client sent, each verified against the fleet CA and this file."""
+    raw = fields.get("attestations", "").strip()
+    if not raw:
+        return []
+    try:
+        items = json.loads(raw)
+    except ValueError:
+        raise InvalidUpload(f"{path.name}: the attestations field is not JSON") from None
+    if not isinstance(items, list):
+        raise InvalidUpload(f"{path.name}: the attestations field is not a JSON list")
+    authority = ca.ca_cert_for(config)
+    sha256 = sha256_file(path)
+    out = []
+    for item in items:
+        try:
+            att = attest.Attestation.from_dict(item)
+            attest.verify(att, authority, path.name, sha256)
+        except ProvenanceInvalid as exc:
+            raise InvalidUpload(f"{path.name}: an attestation sent with it does not verify: "
+                                f"{exc}") from None
+        out.append(att)
+    return out
+
+
+def upload_signer(config: Config, publisher: Publisher,
+                  sent: list[attest.Attestation], uploaded: str) -> Signer:
+    """The index's publish attestation of each file, beside what the client sent for it."""
+    identity = ca.signer_for(config, INDEX_SIGNER)
+
+    def sign(filename: str, sha256: str) -> bytes:
+        bundles = []
+        if sent:
+            if filename != uploaded:
+                # Relabelled: what the client signed is not what is stored.
+                raise InvalidUpload(f"{uploaded}: its attestations name the file as sent, but "
+                                    f"this index relabels it to {filename}; upload it labelled")
+            bundles.append(attest.Bundle({"kind": "client", "claims": {
+                "uploader": str(publisher)}}, tuple(sent)))
+        predicate = predicates.publish(publisher=publisher.name, index=identity.name,
+                                       when=datetime.now(UTC))
+        bundles.append(attest.Bundle({"kind": "wheelhouse-index", "claims": {
+            "index": identity.name}}, (attest.sign(identity, filename, sha256,
+                                                   predicates.PUBLISH, predicate),)))
+        return attest.document(bundles)
+
+    return sign
 
 
 def _label_problem(name_version: Version, variant: Variant, filename: str) -> str:
@@ -108,9 +170,11 @@ def accept(storage: Storage, config: Config, variant: Variant, fields: Mapping[s
     check_upload(fields, path, name, config)
     if name.version.local != variant.local_label and not config.upload_relabel:
         raise InvalidUpload(_label_problem(name.version, variant, path.name))
+    sent = client_attestations(fields, path, config)
     admit(storage, config, name.project, publisher, variant, recipe=name.project in recipes)
     try:
         return publish(storage, path, variant, relabel_wheel=config.upload_relabel,
-                       claim_timeout=config.publish_timeout, by=f"upload by {publisher}")
+                       claim_timeout=config.publish_timeout, by=f"upload by {publisher}",
+                       sign=upload_signer(config, publisher, sent, path.name))
     except InvalidWheel as exc:
         raise InvalidUpload(str(exc)) from None

@@ -21,7 +21,9 @@ GOOD = {"project": "flash-attn", "version": "2.8.3", "torch": "2.8", "cuda": "12
 
 
 def make_app(redis_url: str, tmp_path: Path, **overrides: Any) -> Flask:
+    # The workspace too: uploads and /api/provenance/ca.pem make the box's CA there.
     settings: dict[str, Any] = {"storage": str(tmp_path / "data"), "redis_url": redis_url,
+                                "workspace": str(tmp_path / "work"),
                                 "catalog_refresh_seconds": 0.0, "upstream": "off",
                                 # No network here: the torch check is tested with a fake index.
                                 "torch_check": False}

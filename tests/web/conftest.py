@@ -34,8 +34,9 @@ def _apps_closed() -> Iterator[None]:
 
 
 @pytest.fixture
-def app_config(any_config: Config) -> Config:
-    return any_config.replace(catalog_refresh_seconds=0.0, upstream="https://up.example/simple/")
+def app_config(any_config: Config, tmp_path: Path) -> Config:
+    return any_config.replace(catalog_refresh_seconds=0.0, upstream="https://up.example/simple/",
+                              workspace=str(tmp_path / "work"))
 
 
 @pytest.fixture

@@ -87,7 +87,8 @@ def test_an_admin_deletes_from_the_project_page_only_when_confirmed(
 
 
 def test_uploads_are_relabelled_when_the_operator_says_so(tmp_path: Path) -> None:
-    config = Config(storage=str(tmp_path / "data"), upstream="off", upload_relabel=True)
+    config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "ws"),
+                    upstream="off", upload_relabel=True)
     wheel = make_wheel(tmp_path, "plain", "1.0")
     fields = {":action": "file_upload", "name": "plain", "version": "1.0",
               "sha256_digest": hashlib.sha256(wheel.read_bytes()).hexdigest()}

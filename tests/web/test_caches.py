@@ -74,7 +74,8 @@ def test_a_flood_of_unknown_projects_keeps_the_cache_bounded(flooded: FlaskClien
     with flooded.application.app_context():
         cache = services().pages
         generation = services().catalog.generation
-    hosted = ("project", VARIANT, "demo-ext", "html")
+    # Pages are kept per origin: they hold fully qualified provenance URLs (PEP 740).
+    hosted = ("http://localhost" + "project", VARIANT, "demo-ext", "html")
     assert cache.get(generation, hosted) is not None
     bound = 4096
     for i in range(bound + 1000):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Record
 from wheelhouse.fleet import advertise
 from wheelhouse.layout import GENERATION_KEY, record_key
+from wheelhouse.provenance import attest, ca, predicates
 from wheelhouse.publish import publish
 from wheelhouse.queue import append_log, enqueue_build, record_requester
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
@@ -705,3 +708,33 @@ def test_the_form_builds_an_uploaded_sdist_and_refuses_an_impersonating_one(
     assert refused.status_code == 400 and "own-ext is owned here by alice" in refused.text
     assert not storage.exists(source_key(hashlib.sha256(theirs).hexdigest(),
                                          "own_ext-1.0.tar.gz"))
+
+
+def test_build_page_says_what_it_was_built_from_and_links_its_provenance(
+        fleet_client: FlaskClient, queue_app: Flask, conn: Redis, tmp_path: Path) -> None:
+    spec = _spec()
+    wheel = make_wheel(tmp_path / "w", "flash-attn", str(spec.wheel_version),
+                       tag="cp311-cp311-linux_x86_64")
+    facts = BuildFacts(build_id="b-3", host="box", sdist_sha256="cd" * 32,
+                       sdist_url="https://files.example/flash_attn-2.8.3.tar.gz")
+    identity = ca.local_identity(tmp_path / "ca", "worker")
+
+    def sign(filename: str, sha256: str) -> bytes:
+        predicate = predicates.publish(publisher="t", index="i", when=datetime.now(UTC))
+        return attest.document([attest.Bundle({}, (attest.sign(
+            identity, filename, sha256, predicates.PUBLISH, predicate),))])
+
+    record = publish(queue_app.extensions["wheelhouse"].storage, wheel, spec.variant,
+                     build=facts, sign=sign)
+    job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published", wheel=wheel.name,
+                        build=facts.to_dict())
+    page = fleet_client.get(f"/builds/{job_id}").text
+    assert ('id="source"><code>https://files.example/flash_attn-2.8.3.tar.gz</code> '
+            f'<span class="muted">sha256 {"cd" * 32}</span>') in page
+    view = fleet_client.get(f"/api/builds/{job_id}").json
+    assert view["source"] == {"url": "https://files.example/flash_attn-2.8.3.tar.gz",
+                              "sha256": "cd" * 32}
+    assert view["provenance"].endswith(f"/{wheel.name}.provenance")
+    assert f'<a href="{view["provenance"]}">' in page
+    served = fleet_client.get(view["provenance"])
+    assert hashlib.sha256(served.data).hexdigest() == record.provenance_sha256

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tests.helpers import config_env, make_wheel
@@ -13,16 +14,27 @@ from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.layout import claim_key, wheel_key
 from wheelhouse.manage import Target, yank
-from wheelhouse.publish import Claim, publish
+from wheelhouse.provenance import attest, ca, predicates
+from wheelhouse.publish import Claim, Signer, publish
 from wheelhouse.storage import S3Storage, Storage
 from wheelhouse.variants import parse_variant
 
 V = parse_variant("torch2.8-cu128")
 
 
-def _publish(storage: Storage, tmp_path: Path, version: str) -> None:
+def _publish(storage: Storage, tmp_path: Path, version: str, *, signed: bool = False) -> None:
     w = make_wheel(tmp_path / version, "demo", f"{version}+{V.local_label}")
-    publish(storage, w, V)
+    publish(storage, w, V, sign=_signer(tmp_path) if signed else None)
+
+
+def _signer(tmp_path: Path) -> Signer:
+    identity = ca.local_identity(tmp_path / "ca", "index")
+
+    def sign(filename: str, sha256: str) -> bytes:
+        predicate = predicates.publish(publisher="t", index="index", when=datetime.now(UTC))
+        return attest.document([attest.Bundle({}, (attest.sign(
+            identity, filename, sha256, predicates.PUBLISH, predicate),))])
+    return sign
 
 
 def test_leftovers_only_after_their_age(storage: Storage, tmp_path: Path) -> None:
@@ -72,9 +84,9 @@ def test_prune_keeps_newest(storage: Storage, tmp_path: Path) -> None:
 def test_prune_takes_the_logs_and_quarantine_markers_too(storage: Storage,
                                                          tmp_path: Path) -> None:
     """Every key a pruned wheel owns goes, not only its record, files and claim (its log,
-    quarantine marker and yank marker too)."""
+    quarantine marker, yank marker and provenance too)."""
     for v in ("1.0", "2.0", "3.0"):
-        _publish(storage, tmp_path, v)
+        _publish(storage, tmp_path, v, signed=True)
     old, kept = (next(r for r in Catalog(storage, 0).all_records() if r.version.startswith(v))
                  for v in ("1.0", "3.0"))
     for r in (old, kept):
@@ -92,6 +104,7 @@ def test_prune_takes_the_logs_and_quarantine_markers_too(storage: Storage,
     left = {o.key for o in storage.list("")}
     assert [k for k in left if old.filename in k] == []
     assert before - left == set(old.keys())
+    assert old.provenance_key in before
     assert storage.exists(kept.log_key)
 
 

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -23,8 +24,10 @@ from wheelhouse.buildspec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, StorageUnavailable
 from wheelhouse.fleet import ToolkitInfo
+from wheelhouse.layout import Record
+from wheelhouse.provenance import attest, ca
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
-from wheelhouse.storage import make_s3_client, open_storage
+from wheelhouse.storage import Storage, make_s3_client, open_storage
 from worker.build import BuildResult, run_build
 from worker.cli import parse_target
 from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Reporter
@@ -349,9 +352,33 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
         "unpack", "wheel"]
     assert not [line for line in ran if "--prefix" in line]
     # The build's workspace and its source are gone; the host's compile cache and the source
-    # path's lock stay, and the worker's own directory (seccomp filter, build uids' locks).
-    assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache", ".sandbox"}
+    # path's lock stay, and the worker's own directories (seccomp filter, build uids' locks;
+    # the box's own CA and the worker's certificate, which no build uid may read).
+    assert {p.name for p in (tmp_path / "work").iterdir()} <= {"src", "sccache", ".sandbox",
+                                                               "provenance"}
+    assert stat.S_IMODE((tmp_path / "work" / "provenance").stat().st_mode) == 0o700
     assert [p.name for p in (tmp_path / "work" / "src").iterdir()] == ["cext-0.1.0.lock"]
+    _assert_provenance(storage, config, result.record, sdist)
+
+
+def _assert_provenance(storage: Storage, config: Config, record: Record, sdist: Path) -> None:
+    """The published wheel's provenance verifies against the box's CA, signed by the worker,
+    and names what the build was made from by digest."""
+    authority = ca.ca_cert_for(config)
+    (verified,) = attest.verify_document(storage.get_bytes(record.provenance_key), authority,
+                                         record.filename, record.sha256)
+    assert verified.signer == "worker"
+    definition = verified.predicate["buildDefinition"]
+    deps = {d["name"]: d for d in definition["resolvedDependencies"]}
+    assert deps["sdist"] == {"name": "sdist", "uri": sdist.resolve().as_uri(),
+                             "digest": {"sha256": hashlib.sha256(sdist.read_bytes()).hexdigest()}}
+    assert deps["cuda-toolkit"]["uri"] == "pkg:generic/cuda-toolkit@V13.0.93"
+    assert deps["torch"]["uri"] == f"pkg:pypi/torch@{record.build.torch}"
+    assert definition["externalParameters"]["archs"] == ["80"]
+    assert record.build.max_jobs is not None
+    assert definition["internalParameters"]["max_jobs"] == record.build.max_jobs.jobs
+    run = verified.predicate["runDetails"]
+    assert run["metadata"]["invocationId"] == record.build.build_id
 
 
 def test_two_builds_of_one_spec_on_one_host_leave_each_other_alone(

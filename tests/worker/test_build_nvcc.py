@@ -18,6 +18,7 @@ from wheelhouse.buildspec import BuildSpec
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.maxjobs import learned_job_peaks
+from wheelhouse.provenance import attest, ca
 from wheelhouse.storage import open_storage
 from worker.build import run_build
 from worker.steps.publish import log_key
@@ -103,6 +104,17 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
     # The compile went through this build's sccache server, which counted every compile.
     assert build.compile_cache is not None
     assert build.compile_cache.misses >= 3 and build.compile_cache.errors == 0
+    # Both carry signed provenance that verifies against the box's own CA (made in the
+    # workspace by the build) and names the toolkit that compiled and the device code found.
+    authority = ca.ca_cert_for(built.config)
+    for published in (record, form):
+        (verified,) = attest.verify_document(storage.get_bytes(published.provenance_key),
+                                             authority, published.filename, published.sha256)
+        deps = {d["name"]: d["uri"]
+                for d in verified.predicate["buildDefinition"]["resolvedDependencies"]}
+        assert deps["cuda-toolkit"] == f"pkg:generic/cuda-toolkit@{build.toolkit}"
+        [code] = verified.predicate["runDetails"]["byproducts"]
+        assert code["annotations"]["sass"] == ["80"]
 
 
 def test_the_log_is_stored_with_the_probe_first_and_no_secret(built: Built) -> None:

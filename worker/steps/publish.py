@@ -1,13 +1,19 @@
 """The publish step: the checked wheel into storage (:func:`wheelhouse.publish.publish`) with
-what the build measured, and the build's log beside its record."""
+what the build measured and its signed provenance, and the build's log beside its record.
+
+The provenance is made from what this process already holds (the spec, the journal's facts,
+the sha256 the publish computes), never from the wheel's contents (docs/security.md)."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from wheelhouse import layout
 from wheelhouse.buildspec import BuildSpec
 from wheelhouse.errors import AlreadyPublished, BuildFailed, FailureKind, InvalidWheel
 from wheelhouse.layout import Record
-from wheelhouse.publish import publish_checked
+from wheelhouse.provenance import attest, ca, predicates
+from wheelhouse.publish import Signer, publish_checked
 from wheelhouse.retry import LOG_UPLOAD
 from worker.failures import with_retries
 from worker.steps.checks import CheckedWheel
@@ -33,6 +39,31 @@ def already_published(ctx: BuildContext) -> Record | None:
     return ctx.retried("reading storage", look)
 
 
+#: The name a worker signs with where the workspace's own CA issues its certificate.
+WORKSPACE_SIGNER = "worker"
+
+
+def provenance_signer(ctx: BuildContext) -> Signer:
+    """Signs each published file's SLSA provenance with this worker's certificate."""
+    identity = ca.signer_for(ctx.config, WORKSPACE_SIGNER)
+    spec = ctx.spec
+    archs = ctx.recipe.archs_for(spec.variant)
+
+    def sign(filename: str, sha256: str) -> bytes:
+        facts = ctx.journal.facts  # replaced, not changed, by each measurement
+        predicate = predicates.build(
+            project=spec.project, version=spec.version, python=spec.python,
+            machine=spec.machine, variant=spec.variant, archs=archs, facts=facts,
+            signer=identity.name, finished=datetime.now(UTC))
+        signed = attest.sign(identity, filename, sha256, predicates.SLSA_PROVENANCE, predicate)
+        return attest.document([attest.Bundle({"kind": "wheelhouse-worker",
+                                               "claims": {"worker": identity.name,
+                                                          "host": facts.host}},
+                                              (signed,))])
+
+    return sign
+
+
 def publish_wheel(ctx: BuildContext, checked: CheckedWheel, *, seconds: float) -> Record:
     """Publish the checked wheel (and its variant form) with the build's facts (``seconds`` so
     far), never opening its zip here; a wheel of the same name published meanwhile, by
@@ -41,13 +72,14 @@ def publish_wheel(ctx: BuildContext, checked: CheckedWheel, *, seconds: float) -
     ctx.journal.measured(seconds=round(seconds, 1), log_key=log_key(ctx.spec))
     facts = ctx.journal.facts
     archs = ctx.recipe.archs_for(ctx.spec.variant)
+    sign = provenance_signer(ctx)
 
     def attempt() -> Record:
         try:
             return publish_checked(ctx.storage, checked.wheel, ctx.spec.variant, archs=archs,
                                    build=facts, claim_timeout=ctx.config.publish_timeout,
                                    by=f"build {facts.build_id}" if facts.build_id else None,
-                                   variant_form=checked.variant)
+                                   variant_form=checked.variant, sign=sign)
         except AlreadyPublished:
             existing = already_published(ctx)
             if existing is None:

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from wheelhouse import layout
 from wheelhouse.buildfacts import AppliedPatch
 from wheelhouse.errors import BuildFailed, FailureKind, UnsafePath
 from wheelhouse.patches import Patch
+from wheelhouse.wheels import sha256_file
 from worker import safefs
 from worker.runner import Runner
 from worker.sdist import SdistLimits, download_sdist, fetch_stored_sdist, find_sdist
@@ -43,6 +45,8 @@ def unpacked(ctx: BuildContext, run: Runner, given: Path | None) -> Iterator[Sou
     if given is not None:
         sdist = given
         ctx.say(f"source: local {sdist}")
+        # Hashing reads the bytes without parsing them: safe in the worker's own process.
+        ctx.journal.measured(sdist_sha256=sha256_file(sdist), sdist_url=sdist.resolve().as_uri())
     elif ctx.spec.source is not None:
         sdist = _fetch_uploaded(ctx, limits)
     else:
@@ -71,7 +75,7 @@ def _download(ctx: BuildContext, limits: SdistLimits) -> Path:
                         lambda: download_sdist(link, ctx.workspace / "sdist",
                                                max_bytes=limits.max_bytes))
     ctx.say(f"sha256 verified: {sdist.name}")
-    ctx.journal.measured(sdist_sha256=link.sha256)
+    ctx.journal.measured(sdist_sha256=link.sha256, sdist_url=link.url)
     return sdist
 
 
@@ -84,7 +88,8 @@ def _fetch_uploaded(ctx: BuildContext, limits: SdistLimits) -> Path:
                                                    ctx.workspace / "sdist",
                                                    max_bytes=limits.max_bytes))
     ctx.say(f"sha256 verified: {sdist.name}")
-    ctx.journal.measured(sdist_sha256=ref.sha256)
+    ctx.journal.measured(sdist_sha256=ref.sha256,
+                         sdist_url=layout.source_key(ref.sha256, ref.filename))
     return sdist
 
 
