@@ -65,6 +65,10 @@ class _Job:
     signalled one by one instead of by group."""
 
 
+#: How old a process must be before the governor believes it is not the compile server.
+_SETTLE_SECONDS = 2.0
+
+
 class MemoryGovernor:
     """Watches available memory and the tree's RSS; pauses/resumes compile jobs.
 
@@ -197,18 +201,27 @@ class MemoryGovernor:
         key = (pid, ctime)
         if key not in self._servers:
             try:
-                self._servers[key] = SERVER_MARK in psutil.Process(pid).environ()
+                marked = SERVER_MARK in psutil.Process(pid).environ()
             except (psutil.Error, OSError):
                 return False  # not cached: it may still be starting
+            # Between fork and exec a process shows its parent's environment: a "no" from a
+            # process this young may turn into a "yes" once it runs its own program (on a
+            # loaded host, clients were counted as jobs because the server's "no" stuck).
+            if not marked and time.time() - ctime < _SETTLE_SECONDS:
+                return False
+            self._servers[key] = marked
         return self._servers[key]
 
     def _exe(self, pid: int, ctime: float) -> str | None:
         key = (pid, ctime)
         if key not in self._exes:
             try:
-                self._exes[key] = psutil.Process(pid).exe() or None
+                exe = psutil.Process(pid).exe() or None
             except (psutil.Error, OSError):
                 return None
+            if time.time() - ctime < _SETTLE_SECONDS:
+                return exe  # maybe still its parent's program (before exec): not kept
+            self._exes[key] = exe
         return self._exes[key]
 
     def _typical_peak(self) -> int:

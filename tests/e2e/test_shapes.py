@@ -115,7 +115,8 @@ def test_single_box(tmp_path: Path, cudaext_upstream: str, torch_site: Path) -> 
     try:
         wait_for_port(port, timeout=60)
         deadline = time.monotonic() + 60
-        while not requests.get(f"{url}/api/workers", timeout=5).json()["workers"]:
+        # The first answer waits for a gunicorn worker to build the app (web.geventworker).
+        while not requests.get(f"{url}/api/workers", timeout=60).json()["workers"]:
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.5)
         assert sock.exists()

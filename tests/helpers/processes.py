@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,6 +122,7 @@ def start_index(config: Config, tmp_path: Path, *, workers: int = 2,
     url.proc = proc
     try:
         wait_for_port(port, timeout=30)
+        _wait_for_a_worker(url, proc, log)
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -130,6 +132,29 @@ def start_index(config: Config, tmp_path: Path, *, workers: int = 2,
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _wait_for_a_worker(url: str, proc: subprocess.Popen[bytes], log: Path,
+                      timeout: float = 90.0) -> None:
+    """Until a gunicorn worker answers: the master listens at once, and each worker builds the
+    app after it forks (web.geventworker), which on a loaded 2-core machine takes seconds."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"wheelhouse serve exited ({proc.returncode}): "
+                               f"{log.read_text(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=5):
+                return
+        except urllib.error.HTTPError:
+            return  # a worker answered (a read-protected or unhealthy index answers too)
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no worker of {url} answered within {timeout:.0f}s") from None
+            time.sleep(0.1)
 
 
 @contextlib.contextmanager
