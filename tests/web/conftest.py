@@ -35,7 +35,10 @@ def _apps_closed() -> Iterator[None]:
 
 @pytest.fixture
 def app_config(any_config: Config) -> Config:
-    return any_config.replace(catalog_refresh_seconds=0.0, upstream="https://up.example/simple/")
+    # The pull-through cache off: these tests check routing (redirects) without a network;
+    # tests/web/test_mirror.py and tests/e2e/test_mirror.py cover the cache.
+    return any_config.replace(catalog_refresh_seconds=0.0, upstream="https://up.example/simple/",
+                              cache_projects="")
 
 
 @pytest.fixture
