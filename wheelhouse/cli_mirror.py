@@ -17,6 +17,7 @@ import click
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
+from wheelhouse.cli_tokens import SERVER_ENV
 from wheelhouse.errors import InvalidVariant
 from wheelhouse.variants import Variant
 
@@ -59,7 +60,8 @@ def pip_download_args(root_url: str, requirements: list[str], python: str,
               help="Python the cluster runs, e.g. 3.11.")
 @click.option("--platform", "platforms", multiple=True, default=DEFAULT_PLATFORMS,
               show_default=True, help="Wheel platform tag of the nodes (repeatable).")
-@click.option("--server", required=True, help="The index's base URL (http://host:8000).")
+@click.option("--server", envvar=SERVER_ENV, default="http://127.0.0.1:8000", show_default=True,
+              help=f"The index whose cache to prime; default: ${SERVER_ENV} if set.")
 @click.option("--no-deps", is_flag=True, help="Only the named projects, not what they need.")
 def mirror(requirements: tuple[str, ...], cuda: str, torch_version: str | None,
            python_version: str, platforms: tuple[str, ...], server: str, no_deps: bool) -> None:
