@@ -188,6 +188,9 @@ class Config:
     torch_index_url: str = "https://download.pytorch.org/whl/{cu}"
     """Index torch is installed from into builds; may use {cu}; empty: the build index."""
 
+    build_through_index: str = ""
+    """This index as workers reach it: builds install torch and build requirements via its cache."""
+
     torch_find_links: str = ""
     """Extra find-links for torch and its CUDA wheels (space-separated dirs/URLs, may use {cu})."""
 

@@ -27,6 +27,8 @@ from tests.helpers import QuietHandler, clean_env, make_venv, make_wheel, start_
 from wheelhouse import layout
 from wheelhouse.config import Config
 from wheelhouse.storage import open_storage
+from wheelhouse.variants import parse_variant
+from worker.steps.venv import index_args
 
 ROOT = "torch2.14-cu130"
 BIG = 20 * 1024**2
@@ -327,3 +329,20 @@ def test_mirror_command_primes_the_cache(site: Site) -> None:
         site.pypi.stop()
         _install("uv", index, site.tmp / "after", "torch==2.14.*")
         assert _installed(site.tmp / "after", "torch") == "2.14.1+cu130"
+
+
+def test_build_venvs_get_torch_through_the_cache(site: Site) -> None:
+    """What the worker's venv step runs (``index_args`` with ``build_through_index``), twice:
+    torch comes from the index, fetched from the upstream once for both "builds"."""
+    with start_index(site.config, site.tmp) as index:
+        argv = index_args(site.config.replace(build_through_index=index), parse_variant(ROOT))
+        for build in ("one", "two"):
+            python = make_venv(site.tmp / build)
+            done = subprocess.run([shutil.which("uv") or "uv", "pip", "install", "--python",
+                                   str(python), "--no-build", "--no-cache", *argv,
+                                   "torch==2.14.*"], env=clean_env(), capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, done.stderr
+            assert _installed(site.tmp / build, "torch") == "2.14.1+cu130"
+        assert site.torch.hits["/whl/cu130/torch-2.14.1+cu130-py3-none-any.whl"] == 1
+        assert "torch-2.14.1+cu130-py3-none-any.whl" in _cached(site.config)

@@ -14,6 +14,7 @@ from flask.testing import FlaskClient
 
 from tests.helpers import QuietHandler, make_wheel, serve_http
 from web import create_app
+from web.cli import through_own_cache
 from web.simple import UPSTREAM_HEADER
 from wheelhouse import layout
 from wheelhouse.catalog import Record
@@ -113,3 +114,18 @@ def test_offline_serves_the_kept_page_and_refuses_what_was_never_fetched(
     assert offline.get(link).status_code == 503  # never fetched, and the upstream is off
     assert offline.get(f"/{VARIANT}/simple/demo-ext/").status_code == 503
     assert hits["/simple/torch/"] == 1
+
+
+@pytest.mark.parametrize(("settings", "host", "expected"), [
+    ({}, "0.0.0.0", "http://127.0.0.1:8000"),
+    ({}, "::", "http://[::1]:8000"),
+    ({}, "10.0.0.5", "http://10.0.0.5:8000"),
+    ({"build_through_index": "http://elsewhere:1"}, "0.0.0.0", "http://elsewhere:1"),
+    ({"cache_projects": ""}, "0.0.0.0", ""),  # no cache: builds use the upstreams directly
+    ({"torch_index_url": "http://mirror.lan/{cu}"}, "0.0.0.0", ""),  # the operator's own
+    ({"upstream": "http://devpi.lan/simple/"}, "0.0.0.0", ""),
+])
+def test_a_single_box_builds_through_its_own_cache_by_default(
+        settings: dict[str, str], host: str, expected: str) -> None:
+    config = through_own_cache(Config(**settings), host, 8000)  # type: ignore[arg-type]
+    assert config.build_through_index == expected
