@@ -48,7 +48,7 @@ def file(root_id: str, project: str, filename: str) -> BaseResponse:
         f = _find(root_id, project, filename.removesuffix(mirror.METADATA_SUFFIX))
         if not f.metadata:
             raise NotFound(f"the upstream has no METADATA file for {f.filename}")
-        body = mirror.metadata(svc.storage, f)
+        body = mirror.metadata(svc.storage, f, offline=svc.config.upstream_offline)
         return serve(f.metadata_key, f.metadata_sha256 or f.sha256 + "-metadata", len(body),
                      "text/plain", lambda start, stop: (body[start:stop],))
     f = _find(root_id, project, filename)

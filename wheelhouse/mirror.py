@@ -32,6 +32,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -42,7 +43,7 @@ from packaging.utils import NormalizedName
 
 from wheelhouse import layout
 from wheelhouse.config import Config
-from wheelhouse.errors import StorageError, UpstreamMismatch, UpstreamUnavailable
+from wheelhouse.errors import NotOnUpstream, StorageError, UpstreamMismatch, UpstreamUnavailable
 from wheelhouse.storage import Storage, check_key
 from wheelhouse.upstream import Fetched, ProjectPage, fetch_if_changed, project_url
 
@@ -57,6 +58,8 @@ TOUCH_SECONDS = 300.0
 #: Seconds an upstream file download may stay silent.
 FETCH_TIMEOUT = 60.0
 METADATA_SUFFIX = ".metadata"
+#: Pages one process keeps in memory (least recently used go; storage still has them).
+MAX_PAGES_IN_MEMORY = 4096
 
 
 def caches(config: Config, project: NormalizedName) -> bool:
@@ -176,8 +179,16 @@ class Pages:
 
     storage: Storage
     config: Config
-    _mem: dict[tuple[str, str], tuple[MirrorPage, float]] = field(default_factory=dict)
+    _mem: OrderedDict[tuple[str, str], tuple[MirrorPage, float]] = field(
+        default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _hold(self, key: tuple[str, str], page: MirrorPage, checked: float) -> None:
+        with self._lock:
+            self._mem[key] = (page, checked)
+            self._mem.move_to_end(key)
+            while len(self._mem) > MAX_PAGES_IN_MEMORY:
+                self._mem.popitem(last=False)
 
     def _stored(self, rid: str, project: str) -> MirrorPage | None:
         try:
@@ -197,8 +208,7 @@ class Pages:
             return held[0]
         page = self._stored(rid, project)
         if page is not None:
-            with self._lock:
-                self._mem.setdefault((rid, project), (page, 0.0))
+            self._hold((rid, project), page, 0.0)
         return page
 
     def get(self, root: str, project: NormalizedName, now: float | None = None) -> Served:
@@ -226,21 +236,23 @@ class Pages:
             if kept is None:
                 raise
             log.warning("serving the cached page of %s: %s", project, exc)
-            with self._lock:  # ask again after a while, not on every request
-                self._mem[(rid, project)] = (kept, now - self.config.cache_page_max_age + 30)
+            # Ask again after a while, not on every request.
+            self._hold((rid, project), kept, now - self.config.cache_page_max_age + 30)
             return Served(kept, "unreachable")
         if fetched.page is None and kept is not None:
             page = replace(kept, fetched=now)
         else:
             assert fetched.page is not None  # 304 only when an ETag was sent
             page = from_upstream(root, project, fetched.page, fetched.etag, now)
+            if not page.files and kept is None:
+                # Not kept, in storage or memory: made-up names must not fill either.
+                raise NotOnUpstream(f"{project} is not on its upstream {root}")
             if kept is None or replace(kept, fetched=0.0) != replace(page, fetched=0.0):
                 try:
                     self.storage.put_bytes(page.key, page.to_json())
                 except StorageError as exc:
                     log.warning("could not keep the page of %s: %s", project, exc)
-        with self._lock:
-            self._mem[(rid, project)] = (page, now)
+        self._hold((rid, project), page, now)
         return Served(page)
 
 
@@ -251,11 +263,17 @@ def spool_dir(config: Config) -> Path:
     base = Path(config.cache_spool) if config.cache_spool else (
         Path(tempfile.gettempdir()) / f"wheelhouse-mirror-{os.getuid()}")
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if base.stat().st_uid != os.getuid() or base.is_symlink():
+        # The spool files are claims and bodies: another user's directory could fake both.
+        raise UpstreamUnavailable(f"the cache's spool {base} is not this user's own directory "
+                                  "(set WHEELHOUSE_CACHE_SPOOL)")
     return base
 
 
 def _open_upstream(url: str, *, timeout: float = FETCH_TIMEOUT) -> Any:
-    if urlsplit(url).scheme not in ("http", "https", "file"):
+    # Never file: an upstream page must not make the index read its own disk (bytes go out
+    # before the hash is checked).
+    if urlsplit(url).scheme not in ("http", "https"):
         raise UpstreamUnavailable(f"refusing to fetch {url[:200]!r}: not an http(s) URL")
     request = urllib.request.Request(url, headers={"User-Agent": "wheelhouse"})  # noqa: S310
     try:
@@ -431,13 +449,15 @@ def fill(storage: Storage, config: Config, f: MirrorFile) -> None:
         raise UpstreamUnavailable(f"{f.filename} could not be cached; try again")
 
 
-def metadata(storage: Storage, f: MirrorFile) -> bytes:
+def metadata(storage: Storage, f: MirrorFile, *, offline: bool = False) -> bytes:
     """``f``'s METADATA (PEP 658), from storage or fetched once from the upstream and kept
     if it matches the hash the page lists."""
     try:
         return storage.get_bytes(f.metadata_key)
     except FileNotFoundError:
-        pass
+        if offline:
+            raise UpstreamUnavailable(f"the METADATA of {f.filename} is not in the cache, and "
+                                      "the upstream is off (WHEELHOUSE_UPSTREAM_OFFLINE)") from None
     with _open_upstream(f.url + METADATA_SUFFIX) as resp:
         body: bytes = resp.read(64 * 1024**2)
     digest = hashlib.sha256(body).hexdigest()

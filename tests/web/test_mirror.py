@@ -129,3 +129,12 @@ def test_a_single_box_builds_through_its_own_cache_by_default(
         settings: dict[str, str], host: str, expected: str) -> None:
     config = through_own_cache(Config(**settings), host, 8000)  # type: ignore[arg-type]
     assert config.build_through_index == expected
+
+
+def test_a_name_the_upstream_does_not_know_is_404_and_not_kept(
+        app_config: Config, upstream: tuple[str, collections.Counter[str]]) -> None:
+    url, _ = upstream
+    client = _client(app_config, url, cache_projects="*")
+    resp = client.get(f"/{VARIANT}/simple/made-up-name/")
+    assert resp.status_code == 404 and "not on its upstream" in resp.text
+    assert list(open_storage(app_config).list(layout.MIRROR_PAGES)) == []

@@ -260,3 +260,13 @@ def test_html_pages_give_metadata_and_yank_reasons(upstream: Upstream) -> None:
     assert (first.metadata, first.metadata_sha256, first.yanked, first.yank_reason) == (
         True, sha, True, "old")
     assert (second.metadata, second.metadata_sha256, second.yanked) == (True, None, False)
+
+
+def test_a_page_cannot_make_the_index_read_its_own_disk(
+        storage: Storage, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * (3 * mirror.CHUNK))
+    f = MirrorFile("demo-1.0-py3-none-any.whl", secret.as_uri(), "0" * 64)
+    with pytest.raises(UpstreamUnavailable, match="not an http"):
+        mirror.begin(storage, _config(tmp_path), f)
+    assert list((tmp_path / "spool").iterdir()) == []
