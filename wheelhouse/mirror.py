@@ -9,10 +9,10 @@ the kept page is served, marked stale.
 A file's first download streams it from the upstream to the client while it is written to a
 spool file; its last chunk is held back until the whole body matched the page's sha256, so a
 client never receives a complete wrong file (the answer is cut short instead), and only a
-matching file is kept (``mirror/files/<sha256>/<file>``). The spool file is the claim: one
-fetch per file and host at a time; a concurrent first download on the same host follows the
-spool file as it grows instead of fetching again. Files without a sha256 on the upstream page
-are not listed: they could not be verified.
+matching file is kept, once its last chunk is sent (``mirror/files/<sha256>/<file>``). The
+spool file is the claim: one fetch per file and host at a time; a concurrent first download on
+the same host follows the spool file as it grows instead of fetching again. Files without a
+sha256 on the upstream page are not listed: they could not be verified.
 
 Past ``WHEELHOUSE_CACHE_MAX_GIB`` the least recently served files are deleted
 (:func:`evict`); serving a file touches ``mirror/used/<sha256>`` (at most every
@@ -294,9 +294,10 @@ class Download:
 
 def _held_back(chunks: Iterator[bytes], f: MirrorFile, what: str,
                verified: Callable[[], None] = lambda: None) -> Iterator[bytes]:
-    """``chunks``, the last one only once the whole body matched ``f.sha256`` and
-    ``verified`` ran (it keeps the file: a client that has the whole file then finds it
-    in storage on its next request)."""
+    """``chunks``, the last one only once the whole body matched ``f.sha256``; then
+    ``verified`` runs (it keeps the file). Keeping comes after the last byte, so that a
+    client never waits for storage (a multi-GB copy) with its read timeout running; a request
+    meanwhile follows the spool file, which goes only once the file is kept."""
     digest = hashlib.sha256()
     held = b""
     for chunk in chunks:
@@ -307,9 +308,9 @@ def _held_back(chunks: Iterator[bytes], f: MirrorFile, what: str,
     if digest.hexdigest() != f.sha256:
         raise UpstreamMismatch(f"{what} {f.filename} has sha256 {digest.hexdigest()[:12]}…, "
                                f"its upstream page lists {f.sha256[:12]}…: not kept")
-    verified()
     if held:
         yield held
+    verified()
 
 
 def begin(storage: Storage, config: Config, f: MirrorFile) -> Download | None:

@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.helpers import QuietHandler, clean_env, make_venv, make_wheel, start_index
+from tests.helpers import (
+    QuietHandler,
+    clean_env,
+    make_venv,
+    make_wheel,
+    start_index,
+    wait_until,
+)
 from wheelhouse import layout
 from wheelhouse.config import Config
 from wheelhouse.storage import open_storage
@@ -204,6 +211,14 @@ def _cached(config: Config) -> dict[str, int]:
     return {o.key.rsplit("/", 1)[-1]: o.size for o in storage.list(layout.MIRROR_FILES)}
 
 
+def _kept(config: Config, *names: str, gone: tuple[str, ...] = ()) -> dict[str, int]:
+    """What the cache holds once ``names`` are in it and ``gone`` are not: the index keeps
+    (and evicts) right after a download's last byte, so an installer may finish first."""
+    wait_until(lambda: set(names) <= set(held := _cached(config))
+               and not set(gone) & set(held), f"the cache to hold {names}, not {gone}")
+    return _cached(config)
+
+
 def test_installs_through_the_cache_and_again_with_the_upstreams_stopped(site: Site) -> None:
     torch_file = "torch-2.14.1+cu130-py3-none-any.whl"
     with start_index(site.config, site.tmp) as index:
@@ -221,9 +236,8 @@ def test_installs_through_the_cache_and_again_with_the_upstreams_stopped(site: S
         _install("uv", index, site.tmp / "uv", "torch==2.14.*")
         assert _installed(site.tmp / "uv", "torch") == "2.14.1+cu130"
         assert _installed(site.tmp / "uv", "filelock") == "3.0"
-        cached = _cached(site.config)
+        cached = _kept(site.config, torch_file, "filelock-3.0-py3-none-any.whl")
         assert cached[torch_file] == site.torch.file(torch_file).stat().st_size
-        assert "filelock-3.0-py3-none-any.whl" in cached
         wheel_path = f"/whl/cu130/{torch_file}"
         assert site.torch.hits[wheel_path] == 1
 
@@ -294,7 +308,7 @@ def test_two_concurrent_first_downloads_fetch_once(site: Site) -> None:
             t.join(timeout=120)
         assert got == [expected] * 4
         assert site.torch.hits[f"/whl/cu130/{name}"] == 1
-        assert name in _cached(site.config)
+        _kept(site.config, name)
 
 
 def test_eviction_keeps_the_budget(site: Site) -> None:
@@ -303,10 +317,9 @@ def test_eviction_keeps_the_budget(site: Site) -> None:
     audio_file = "torchaudio-2.14.1+cu130-py3-none-any.whl"
     with start_index(config, site.tmp) as index:
         _install("uv", index, site.tmp / "a", "torch==2.14.1+cu130")
-        assert torch_file in _cached(config)
+        _kept(config, torch_file)
         _install("uv", index, site.tmp / "b", "torchaudio")
-        cached = _cached(config)
-        assert audio_file in cached and torch_file not in cached
+        cached = _kept(config, audio_file, gone=(torch_file,))
         assert sum(cached.values()) <= 30 * 1024**2
         # Evicted is not lost: it is fetched again on demand.
         _install("uv", index, site.tmp / "c", "torch==2.14.1+cu130")
@@ -322,9 +335,7 @@ def test_mirror_command_primes_the_cache(site: Site) -> None:
              "--server", index], env=clean_env(PYTHONPATH=os.environ.get("PYTHONPATH", "")),
             capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
-        cached = _cached(site.config)
-        assert {"torch-2.14.1+cu130-py3-none-any.whl", "filelock-3.0-py3-none-any.whl"} \
-            <= set(cached)
+        _kept(site.config, "torch-2.14.1+cu130-py3-none-any.whl", "filelock-3.0-py3-none-any.whl")
         site.torch.stop()
         site.pypi.stop()
         _install("uv", index, site.tmp / "after", "torch==2.14.*")
@@ -345,4 +356,4 @@ def test_build_venvs_get_torch_through_the_cache(site: Site) -> None:
             assert done.returncode == 0, done.stderr
             assert _installed(site.tmp / build, "torch") == "2.14.1+cu130"
         assert site.torch.hits["/whl/cu130/torch-2.14.1+cu130-py3-none-any.whl"] == 1
-        assert "torch-2.14.1+cu130-py3-none-any.whl" in _cached(site.config)
+        _kept(site.config, "torch-2.14.1+cu130-py3-none-any.whl")
