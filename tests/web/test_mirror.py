@@ -138,3 +138,12 @@ def test_a_name_the_upstream_does_not_know_is_404_and_not_kept(
     resp = client.get(f"/{VARIANT}/simple/made-up-name/")
     assert resp.status_code == 404 and "not on its upstream" in resp.text
     assert list(open_storage(app_config).list(layout.MIRROR_PAGES)) == []
+
+
+def test_the_plain_root_serves_cached_projects_from_the_default_upstream(
+        app_config: Config, upstream: tuple[str, collections.Counter[str]]) -> None:
+    url, hits = upstream
+    page = _client(app_config, url).get("/simple/torch/")
+    assert page.status_code == 200 and page.headers[UPSTREAM_HEADER] == "fresh"
+    assert "/mirror/" in page.text and url not in page.text
+    assert hits["/simple/torch/"] == 1
