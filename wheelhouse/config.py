@@ -27,12 +27,13 @@ ENV_PREFIX = "WHEELHOUSE_"
 DEFAULT_UPSTREAM = "https://pypi.org/simple/"
 #: ``Config.publish_timeout``'s default, for library callers that have no configuration.
 DEFAULT_PUBLISH_TIMEOUT = 3600
-#: ``Config.cache_projects``'s default: the torch family from PyTorch's index, what torch
-#: itself requires from PyPI (so that torch installs with the upstream down once cached), and
-#: what build venvs install (build backends, ninja, numpy, pybind11, cmake).
+#: ``Config.cache_projects``'s default: the torch family from PyTorch's index, what torch and
+#: torchvision require (torch 2.14's METADATA: cuda-bindings, cuda-toolkit and its nvidia-*
+#: parts, cuda-pathfinder, triton, sympy, ...; so that torch installs with the upstream down
+#: once cached), and what build venvs install (build backends, ninja, numpy, pybind11, cmake).
 DEFAULT_CACHE_PROJECTS = (
-    "torch,torchvision,torchaudio,triton,pytorch-triton,nvidia-*,"
-    "filelock,typing-extensions,sympy,mpmath,networkx,jinja2,markupsafe,fsspec,"
+    "torch,torchvision,torchaudio,triton,pytorch-triton,nvidia-*,cuda-*,"
+    "filelock,typing-extensions,sympy,mpmath,networkx,jinja2,markupsafe,fsspec,pillow,"
     "setuptools,wheel,ninja,packaging,numpy,pybind11,cmake"
 )
 DEFAULT_UPSTREAM_RULES = (

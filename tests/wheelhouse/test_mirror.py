@@ -236,7 +236,7 @@ def test_which_projects_are_cached(patterns: str, project: str, cached: bool) ->
 def test_the_default_caches_the_torch_family_and_build_requirements() -> None:
     config = Config()
     for project in ("torch", "torchvision", "triton", "nvidia-cudnn-cu12", "setuptools",
-                    "ninja", "numpy", "filelock"):
+                    "ninja", "numpy", "filelock", "cuda-bindings", "cuda-toolkit", "pillow"):
         assert mirror.caches(config, canonicalize_name(project)), project
     assert not mirror.caches(config, canonicalize_name("flash-attn"))
 
