@@ -147,3 +147,23 @@ def test_the_plain_root_serves_cached_projects_from_the_default_upstream(
     assert page.status_code == 200 and page.headers[UPSTREAM_HEADER] == "fresh"
     assert "/mirror/" in page.text and url not in page.text
     assert hits["/simple/torch/"] == 1
+
+
+def test_a_range_of_a_file_not_cached_yet_fills_the_cache_first(
+        app_config: Config, upstream: tuple[str, collections.Counter[str]]) -> None:
+    """A range can't be checked against the sha256: the whole file is fetched and verified
+    first, then the range served from storage."""
+    url, hits = upstream
+    client = _client(app_config, url)
+    listing = client.get(f"/{VARIANT}/simple/torch/",
+                         headers={"Accept": "application/vnd.pypi.simple.v1+json"}).json
+    assert listing is not None
+    (entry,) = listing["files"]
+    part = client.get(entry["url"], headers={"Range": "bytes=2-5"})
+    body = client.get(entry["url"]).data
+    assert part.status_code == 206 and part.headers["Content-Range"] == f"bytes 2-5/{len(body)}"
+    assert part.data == body[2:6]
+    assert hashlib.sha256(body).hexdigest() == entry["hashes"]["sha256"]
+    assert hits[f"/whl/{entry['filename']}"] == 1
+    head = client.head(entry["url"])
+    assert head.status_code == 200 and int(head.headers["Content-Length"]) == len(body)
