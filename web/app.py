@@ -19,6 +19,7 @@ from web import (
     guard,
     home,
     matrixpage,
+    mirror,
     ops,
     provenance,
     requestpage,
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 #: The blueprints the app serves, in registration order.
 BLUEPRINTS = (home.bp, simple.bp, files.bp, ops.bp, api.bp, signin.bp, matrixpage.bp,
-              requestpage.bp, buildpage.bp, upload.bp, admin.bp, provenance.bp)
+              requestpage.bp, buildpage.bp, upload.bp, admin.bp, provenance.bp, mirror.bp)
 
 
 class _LazySessions(SecureCookieSessionInterface):

@@ -94,7 +94,7 @@ def serve(config: Config, host: str, port: int, workers: int, worker_class: str,
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="wheelhouse-metrics-"))
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = tmp
         if with_worker:
-            config = _start_single_box(stack, config)
+            config = _start_single_box(stack, through_own_cache(config, host, port))
         _serve(config, host, port, access_log, {
             "workers": workers, "worker_class": WORKER_CLASSES[worker_class],
             "threads": threads, "worker_connections": worker_connections})
@@ -125,6 +125,25 @@ def _check_port(host: str, port: int) -> None:
             else:
                 why = f"can't be listened on: {exc.strerror}"
             raise click.ClickException(f"port {port} on {host} {why}") from None
+
+
+#: The settings that, left at their defaults, mean builds and the index use the same public
+#: upstreams: then a single box's builds may as well go through the index's cache.
+_PUBLIC_SOURCES = ("build_index_url", "torch_index_url", "upstream", "upstream_rules")
+
+
+def through_own_cache(config: Config, host: str, port: int) -> Config:
+    """The single box's config: its worker installs build venvs through this index's cache
+    (``build_through_index``) unless the operator chose otherwise, the cache is off, or the
+    build venvs' indexes are not the public ones the index routes to anyway."""
+    defaults = Config()
+    if config.build_through_index or not config.cache_patterns or any(
+            getattr(config, name) != getattr(defaults, name) for name in _PUBLIC_SOURCES):
+        return config
+    # A wildcard listens on loopback too: the worker beside it asks there.
+    shown = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+    shown = f"[{shown}]" if ":" in shown else shown
+    return config.replace(build_through_index=f"http://{shown}:{port}")
 
 
 def _start_single_box(stack: contextlib.ExitStack, config: Config) -> Config:

@@ -81,18 +81,18 @@ def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
     if filename.endswith(METADATA_SUFFIX):
         record = _lookup(base_key, project, filename.removesuffix(METADATA_SUFFIX))
         body = _metadata(record)
-        return _serve(record.metadata_key, record.metadata_sha256, len(body), "text/plain",
-                      lambda start, stop: (body[start:stop],))
+        return serve(record.metadata_key, record.metadata_sha256, len(body), "text/plain",
+                     lambda start, stop: (body[start:stop],))
     if filename.endswith(PROVENANCE_SUFFIX):
         record = _lookup(base_key, project, filename.removesuffix(PROVENANCE_SUFFIX))
         if record.provenance_sha256 is None:
             raise NotFound(f"{record.filename} was published without provenance")
         body = _small(record.provenance_key, record.provenance_sha256, record)
-        return _serve(record.provenance_key, record.provenance_sha256, len(body),
-                      "application/json", lambda start, stop: (body[start:stop],))
+        return serve(record.provenance_key, record.provenance_sha256, len(body),
+                     "application/json", lambda start, stop: (body[start:stop],))
     record = _lookup(base_key, project, filename)
-    return _serve(record.wheel_key, record.sha256, record.size, "application/octet-stream",
-                  lambda start, stop: _open_wheel(record, start, stop))
+    return serve(record.wheel_key, record.sha256, record.size, "application/octet-stream",
+                 lambda start, stop: _open_wheel(record, start, stop))
 
 
 def _metadata(record: Record) -> bytes:
@@ -203,7 +203,7 @@ def _handoff(key: str, headers: dict[str, str], mimetype: str,
     return Response(b"", mimetype=mimetype, headers=headers)
 
 
-def _serve(key: str, sha256: str, size: int, mimetype: str, open_: Opener) -> BaseResponse:
+def serve(key: str, sha256: str, size: int, mimetype: str, open_: Opener) -> BaseResponse:
     etag = f'"{sha256}"'
     headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
     if etag_matches(request.headers.get("If-None-Match"), etag):

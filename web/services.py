@@ -20,6 +20,7 @@ from web.readiness import Probe, Readiness
 from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
+from wheelhouse.mirror import Pages
 from wheelhouse.recipes import GENERIC, Recipe, available_recipes, pick_recipe
 from wheelhouse.redisconn import queue_client
 from wheelhouse.storage import Storage, open_storage
@@ -60,6 +61,8 @@ class Services:
     """What ``/readyz`` checks: storage, the catalog's refresh and (if configured) Redis."""
     torch: TorchIndex | None = None
     """The torch and CUDA check before a build queues; None when ``torch_check`` is off."""
+    mirror: Pages | None = None
+    """The pull-through cache's pages (``wheelhouse.mirror``); None when it is off."""
 
     def recipe_for(self, project: str) -> Recipe:
         """``project``'s recipe, or the generic one (read at start-up, never per request)."""
@@ -92,6 +95,7 @@ class Services:
             versions=VersionsCache(),
             readiness=_readiness(store, catalog, redis_conn),
             torch=TorchIndex(config) if config.torch_check else None,
+            mirror=Pages(store, config) if config.cache_patterns else None,
         )
 
     def install(self, app: Flask) -> None:

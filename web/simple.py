@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -27,7 +28,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import onmiss
 from web.caches import Page, PageKey, etag_matches, origin
 from web.services import services
-from wheelhouse import variantwheels
+from wheelhouse import mirror, variantwheels
 from wheelhouse.catalog import Listing, Record
 from wheelhouse.errors import InvalidProjectName
 from wheelhouse.layout import PROVENANCE_SUFFIX
@@ -195,6 +196,9 @@ def project(variant_key: str, name: str) -> BaseResponse:
             # (or, for a name we host, a stranger's package). Not cached: the answer names
             # this server's address, and such misses are rare.
             raise NotFound(_missing(variant, normalized, elsewhere))
+        root = svc.router.root_for(normalized, variant)
+        if root is not None and svc.mirror is not None and mirror.caches(svc.config, normalized):
+            return _mirrored(root, normalized, fmt)
         page = _make_page(b"", fmt, status=302, location=_not_hosted(variant, normalized))
     return _respond(_store(generation, key, page))
 
@@ -274,6 +278,53 @@ def _not_hosted(variant: Variant, project: NormalizedName) -> str:
     return upstream
 
 
+#: On pages the pull-through cache serves: ``fresh`` when the upstream confirmed the page
+#: within ``WHEELHOUSE_CACHE_PAGE_MAX_AGE``, else ``stale; <why>`` (the page this index kept).
+UPSTREAM_HEADER = "X-Wheelhouse-Upstream"
+
+
+def _mirrored(root: str, project: NormalizedName, fmt: str) -> BaseResponse:
+    """The upstream's page of ``project``, from the cache, linking to this index. Not kept in
+    the page cache: its freshness is the cache's to judge (``wheelhouse.mirror.Pages``)."""
+    svc = services()
+    assert svc.mirror is not None  # callers check
+    served = svc.mirror.get(root, project)
+    page = served.page
+    # (file, URL, provenance): the upstream's files have none of this fleet's.
+    links = [(f, url_for("mirror.file", root_id=page.root_id, project=project,
+                         filename=f.filename), None) for f in page.files]
+    if fmt == "json":
+        entries: list[dict[str, Any]] = []
+        for f, url, _provenance in links:
+            meta: bool | dict[str, str] = (
+                {"sha256": f.metadata_sha256} if f.metadata_sha256 else f.metadata)
+            entry: dict[str, Any] = {"filename": f.filename, "url": url,
+                                     "hashes": {"sha256": f.sha256},
+                                     "requires-python": f.requires_python,
+                                     "core-metadata": meta, "dist-info-metadata": meta,
+                                     "yanked": f.yanked}
+            if f.size is not None:
+                entry["size"] = f.size
+            if f.upload_time is not None:
+                entry["upload-time"] = f.upload_time
+            entries.append(entry)
+        meta_block: dict[str, Any] = {"api-version": API_VERSION}
+        if served.stale:
+            meta_block["_wheelhouse-upstream"] = f"stale; {served.stale}"
+        body = json.dumps({"meta": meta_block, "name": project, "versions": list(page.versions),
+                           "files": entries})
+    else:
+        fetched = (time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(page.fetched))
+                   if page.fetched else None)
+        body = render_template("simple_project.html", project=project, links=links,
+                               documents=[], api_version=API_VERSION, stale=served.stale,
+                               fetched=fetched)
+    made = _make_page(body, fmt)
+    state = f"stale; {served.stale}" if served.stale else "fresh"
+    return _respond(Page(made.body, made.etag, (*made.headers, (UPSTREAM_HEADER, state)),
+                         made.mimetype, made.status))
+
+
 def _file_url(r: Record) -> str:
     return url_for("files.wheel", base_key=r.variant.base.key, project=r.project,
                    filename=r.filename)
@@ -348,6 +399,8 @@ def variant_project(name: str) -> BaseResponse:
             raise NotFound(_missing_variant_wheel(normalized, elsewhere))
         if svc.router.default is None:
             raise NotFound(f"{normalized} is not hosted here, and upstream routing is off")
+        if svc.mirror is not None and mirror.caches(svc.config, normalized):
+            return _mirrored(svc.router.default, normalized, fmt)
         # No variant to fill a rule's {cu}/{torch} with: the default upstream.
         page = _make_page(b"", fmt, status=302,
                           location=f"{svc.router.default.rstrip('/')}/{normalized}/")

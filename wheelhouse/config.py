@@ -27,6 +27,15 @@ ENV_PREFIX = "WHEELHOUSE_"
 DEFAULT_UPSTREAM = "https://pypi.org/simple/"
 #: ``Config.publish_timeout``'s default, for library callers that have no configuration.
 DEFAULT_PUBLISH_TIMEOUT = 3600
+#: ``Config.cache_projects``'s default: the torch family from PyTorch's index, what torch and
+#: torchvision require (torch 2.14's METADATA: cuda-bindings, cuda-toolkit and its nvidia-*
+#: parts, cuda-pathfinder, triton, sympy, ...; so that torch installs with the upstream down
+#: once cached), and what build venvs install (build backends, ninja, numpy, pybind11, cmake).
+DEFAULT_CACHE_PROJECTS = (
+    "torch,torchvision,torchaudio,triton,pytorch-triton,nvidia-*,cuda-*,"
+    "filelock,typing-extensions,sympy,mpmath,networkx,jinja2,markupsafe,fsspec,pillow,"
+    "setuptools,wheel,ninja,packaging,numpy,pybind11,cmake"
+)
 DEFAULT_UPSTREAM_RULES = (
     "torch,torchvision,torchaudio,triton,pytorch-triton,nvidia-*"
     "=https://download.pytorch.org/whl/{cu}/"
@@ -135,6 +144,21 @@ class Config:
     upstream_rules: str = DEFAULT_UPSTREAM_RULES
     """Per-project routes ``a,b-*=URL`` joined by ``;``; URLs may use {cu}, {cuda}, {torch}."""
 
+    cache_projects: str = DEFAULT_CACHE_PROJECTS
+    """Projects served through the pull-through cache (comma-separated globs; ``*``: all)."""
+
+    cache_max_gib: float = 0.0
+    """Most the pull-through cache keeps in storage, in GiB, evicting LRU files (0: no cap)."""
+
+    cache_page_max_age: int = 600
+    """Seconds a cached upstream project page is served before it is revalidated (ETag)."""
+
+    cache_spool: str = ""
+    """Local directory for files being fetched into the cache; empty: the system temp dir."""
+
+    upstream_offline: bool = False
+    """Never ask an upstream: serve cached pages and files only (cached projects), marked stale."""
+
     page_max_age: int = 60
     """``Cache-Control: max-age`` of index pages, in seconds."""
 
@@ -164,6 +188,9 @@ class Config:
 
     torch_index_url: str = "https://download.pytorch.org/whl/{cu}"
     """Index torch is installed from into builds; may use {cu}; empty: the build index."""
+
+    build_through_index: str = ""
+    """This index as workers reach it: builds install torch and build requirements via its cache."""
 
     torch_find_links: str = ""
     """Extra find-links for torch and its CUDA wheels (space-separated dirs/URLs, may use {cu})."""
@@ -353,6 +380,12 @@ class Config:
         return parse_rules(self.upstream_rules)
 
     @functools.cached_property
+    def cache_patterns(self) -> tuple[str, ...]:
+        """``cache_projects``: normalized names and ``*`` globs; empty: the cache is off."""
+        return tuple(canonicalize_name(n) if "*" not in n else n.lower()
+                     for n in (p.strip() for p in self.cache_projects.split(",")) if n)
+
+    @functools.cached_property
     def extra_recipe_dirs(self) -> tuple[Path, ...]:
         """``recipe_dirs``, first one first; the built-in recipes are searched after them."""
         return tuple(Path(d) for d in self.recipe_dirs.split(":") if d.strip())
@@ -366,7 +399,8 @@ class Config:
 
 #: Config's typed views, and the setting each reads.
 _VIEWS = {"read_auth": "auth", "build_rate": "rate_limit", "login_rate": "login_rate_limit",
-          "upstream_routes": "upstream_rules", "extra_recipe_dirs": "recipe_dirs",
+          "upstream_routes": "upstream_rules", "cache_patterns": "cache_projects",
+          "extra_recipe_dirs": "recipe_dirs",
           "allowed_project_names": "allowed_projects"}
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -85,6 +85,14 @@ class UpstreamUnavailable(WheelhouseError, OSError):
     """An upstream index could not be reached, answered an error, or sent no simple-index page."""
 
 
+class NotOnUpstream(WheelhouseError, LookupError):
+    """The upstream does not list the project (a cached page of it would be empty)."""
+
+
+class UpstreamMismatch(UpstreamUnavailable):
+    """A file's bytes from the upstream do not match the sha256 its upstream page lists."""
+
+
 class StorageUnavailable(StorageError):
     """The storage backend is unreachable, timed out, throttled us or failed on its side.
 

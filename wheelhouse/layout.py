@@ -23,6 +23,12 @@
 - ``sccache/<project>/cu<XYZ>/...``                    the shared compile cache (compilecache)
 - ``sources/<sha256>/<sdist file>``                    an sdist uploaded with ``wheelhouse
   request PATH`` (the web writes it, workers read it and check its sha256 before unpacking)
+- ``mirror/pages/<root id>/<project>.json``             an upstream project page the
+  pull-through cache serves (module ``mirror``; the root id names the upstream root URL)
+- ``mirror/files/<sha256>/<file>``                     a file fetched through the cache,
+  kept only once its bytes matched the upstream page's sha256 (and ``<file>.metadata``)
+- ``mirror/used/<sha256>``                             touched when that file is served: the
+  cache's least recently used files go first past ``WHEELHOUSE_CACHE_MAX_GIB``
 - ``generation``                                       changes on every publication
 
 A published wheel owns the keys :meth:`Record.keys` names; ``wheelhouse gc`` removes exactly
@@ -55,6 +61,9 @@ LOGS = "logs/"
 STATS = "stats/"
 COMPILE_CACHE = "sccache/"
 SOURCES = "sources/"
+MIRROR_PAGES = "mirror/pages/"
+MIRROR_FILES = "mirror/files/"
+MIRROR_USED = "mirror/used/"
 METADATA_SUFFIX = ".metadata"
 PROVENANCE_SUFFIX = ".provenance"
 #: What build workers (and ``wheelhouse publish`` with their credentials) write: their S3
@@ -157,6 +166,21 @@ def compile_cache_prefix(space: str) -> str:
 def source_key(sha256: str, filename: str) -> str:
     """Where an uploaded sdist is stored: by its sha256 (content-addressed), then its name."""
     return f"{SOURCES}{sha256}/{filename}"
+
+
+def mirror_page_key(root_id: str, project: str) -> str:
+    """Where the pull-through cache keeps ``project``'s page from the upstream ``root_id``."""
+    return f"{MIRROR_PAGES}{root_id}/{project}.json"
+
+
+def mirror_file_key(sha256: str, filename: str) -> str:
+    """Where a file fetched through the cache is kept: by its sha256, then its name."""
+    return f"{MIRROR_FILES}{sha256}/{filename}"
+
+
+def mirror_used_key(sha256: str) -> str:
+    """The marker whose modification time says when a cached file was last served."""
+    return f"{MIRROR_USED}{sha256}"
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,12 @@ class ProjectFile:
     sha256: str | None
     requires_python: str | None = None
     yanked: bool = False
+    yank_reason: str | None = None
+    metadata: bool = False
+    """PEP 658/714: the index serves the file's METADATA at ``url + ".metadata"``."""
+    metadata_sha256: str | None = None
+    size: int | None = None
+    upload_time: str | None = None
 
     @property
     def is_sdist(self) -> bool:
@@ -133,20 +139,42 @@ def fetch_project(index_url: str, project: str, *, timeout: float = 60.0) -> Pro
 def fetch_page(url: str, *, timeout: float = 60.0) -> ProjectPage:
     """The files the simple-index (or find-links) page at ``url`` lists; see
     :func:`fetch_project`."""
+    fetched = fetch_if_changed(url, None, timeout=timeout)
+    assert fetched.page is not None  # no ETag sent: never "not modified"
+    return fetched.page
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A conditional fetch's answer: the page, or None when the upstream said 304."""
+
+    page: ProjectPage | None
+    etag: str | None
+
+
+def fetch_if_changed(url: str, etag: str | None, *, timeout: float = 60.0) -> Fetched:
+    """:func:`fetch_page` with ``If-None-Match: etag`` (when given): a 304 is a
+    :class:`Fetched` without a page, so a cached copy is confirmed for the price of a round
+    trip."""
     if urlsplit(url).scheme not in _SCHEMES:
         raise UpstreamUnavailable(f"refusing to fetch {url[:200]!r}: not an http(s) URL")
-    request = urllib.request.Request(  # noqa: S310 (scheme checked above)
-        url, headers={"Accept": ACCEPT, "User-Agent": "wheelhouse"})
+    headers = {"Accept": ACCEPT, "User-Agent": "wheelhouse"}
+    if etag:
+        headers["If-None-Match"] = etag
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (scheme checked)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:  # noqa: S310
             body = resp.read(MAX_PAGE_BYTES + 1)
             content_type = resp.headers.get("Content-Type", "")
             final = resp.geturl()
+            new_etag = resp.headers.get("ETag")
     except urllib.error.HTTPError as exc:
+        if exc.code == 304 and etag:
+            return Fetched(None, exc.headers.get("ETag") or etag)
         if exc.code == 404:
-            return ProjectPage(url, (), ())
+            return Fetched(ProjectPage(url, (), ()), None)
         raise UpstreamUnavailable(f"{url} answered HTTP {exc.code}") from None
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+    except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
         raise UpstreamUnavailable(f"{url}: {getattr(exc, 'reason', exc)}") from None
     if len(body) > MAX_PAGE_BYTES:
         raise UpstreamUnavailable(f"{url} is larger than {MAX_PAGE_BYTES // 1024**2} MiB")
@@ -158,7 +186,7 @@ def fetch_page(url: str, *, timeout: float = 60.0) -> ProjectPage:
             files, listed = _from_html(text, final), None
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise UpstreamUnavailable(f"{url} is not a simple-index page: {exc}") from None
-    return ProjectPage(url, tuple(files), _versions(listed, files))
+    return Fetched(ProjectPage(url, tuple(files), _versions(listed, files)), new_etag)
 
 
 def _from_json(data: Any, base: str) -> tuple[list[ProjectFile], list[Any] | None]:
@@ -166,12 +194,19 @@ def _from_json(data: Any, base: str) -> tuple[list[ProjectFile], list[Any] | Non
     files = []
     for f in data["files"]:
         yanked = f.get("yanked", False)
+        meta = f.get("core-metadata", f.get("dist-info-metadata", False))
+        size = f.get("size")
         files.append(ProjectFile(
             filename=str(f["filename"]),
             url=urldefrag(urljoin(base, str(f["url"])))[0],
             sha256=(f.get("hashes") or {}).get("sha256"),
             requires_python=f.get("requires-python"),
             yanked=yanked not in (False, None),
+            yank_reason=yanked if isinstance(yanked, str) and yanked else None,
+            metadata=meta not in (False, None),
+            metadata_sha256=meta.get("sha256") if isinstance(meta, dict) else None,
+            size=size if isinstance(size, int) else None,
+            upload_time=f.get("upload-time"),
         ))
     listed = data.get("versions")
     return files, listed if isinstance(listed, list) else None
@@ -220,6 +255,8 @@ def _from_html(text: str, base: str) -> list[ProjectFile]:
             continue
         url, fragment = urldefrag(urljoin(base, href))
         m = _SHA256.fullmatch(fragment)
+        meta = attrs.get("data-core-metadata", attrs.get("data-dist-info-metadata"))
+        meta_hash = _SHA256.fullmatch(meta or "")
         files.append(ProjectFile(
             # PEP 503: the text is the file name; the URL's last segment where it is missing.
             filename=label or urlsplit(url).path.rsplit("/", 1)[-1],
@@ -227,6 +264,10 @@ def _from_html(text: str, base: str) -> list[ProjectFile]:
             sha256=m.group(1) if m else None,
             requires_python=attrs.get("data-requires-python"),
             yanked="data-yanked" in attrs,
+            yank_reason=attrs.get("data-yanked") or None,
+            # PEP 714: the attribute's presence (``true`` or a hash) says the file is there.
+            metadata=meta is not None,
+            metadata_sha256=meta_hash.group(1) if meta_hash else None,
         ))
     return files
 

@@ -35,8 +35,10 @@ def _apps_closed() -> Iterator[None]:
 
 @pytest.fixture
 def app_config(any_config: Config, tmp_path: Path) -> Config:
+    # The pull-through cache off: these tests check routing (redirects) without a network;
+    # tests/web/test_mirror.py and tests/e2e/test_mirror.py cover the cache.
     return any_config.replace(catalog_refresh_seconds=0.0, upstream="https://up.example/simple/",
-                              workspace=str(tmp_path / "work"))
+                              workspace=str(tmp_path / "work"), cache_projects="")
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
+from wheelhouse.variants import Variant
 from worker import safefs
 from worker.buildenv import install_env, sanitized_env
 from worker.runner import Runner
@@ -60,18 +62,30 @@ def create_venv(ctx: BuildContext, run: Runner, src: Path) -> BuildVenv:
     python = root / "bin" / "python"
     venv = BuildVenv(python=python, interpreter=Path(os.path.realpath(python)),
                      prefix=python_prefix(python))
-    cu = spec.variant.cu
     argv = [uv, "pip", "install", "--python", str(python), "--no-build",
-            "--index-url", config.build_index_url]
-    if config.torch_index_url:
-        argv += ["--extra-index-url", config.torch_index_url.format(cu=cu)]
-    for link in config.torch_find_links.split():
-        argv += ["--find-links", link.format(cu=cu)]
+            *index_args(config, spec.variant)]
     requires = [f"torch=={spec.torch}.*", *ctx.recipe.build_requires, *_pyproject_requires(src)]
     run.install([*argv, *requires], env=env,
                 what="installing torch and the build requirements")
     _check_torch(ctx, run, venv)
     return venv
+
+
+def index_args(config: Config, variant: Variant) -> list[str]:
+    """Where a build venv's torch and build requirements come from: the index's root of the
+    build's variant where ``build_through_index`` names the index (its pull-through cache then
+    fetches each file once for the fleet; what it doesn't cache it redirects upstream), else
+    the build index with the torch index beside it; torch find-links either way."""
+    cu = variant.cu
+    if config.build_through_index:
+        argv = ["--index-url", f"{config.build_through_index.rstrip('/')}/{variant.key}/simple/"]
+    else:
+        argv = ["--index-url", config.build_index_url]
+        if config.torch_index_url:
+            argv += ["--extra-index-url", config.torch_index_url.format(cu=cu)]
+    for link in config.torch_find_links.split():
+        argv += ["--find-links", link.format(cu=cu)]
+    return argv
 
 
 def _check_torch(ctx: BuildContext, run: Runner, venv: BuildVenv) -> None:
