@@ -8,13 +8,11 @@ runs, as an outsider registering a name on PyPI would."""
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -23,11 +21,11 @@ from redis import Redis
 
 from tests.helpers import (
     IndexURL,
-    QuietHandler,
     clean_env,
     make_wheel,
     run_console,
     serve_http,
+    simple_index,
     start_index,
 )
 from wheelhouse.config import Config
@@ -52,40 +50,11 @@ class Upstream:
     """Project -> its wheels: add to it to 'register' a project upstream."""
 
 
-def _handler(wheels: dict[str, list[Path]]) -> type[BaseHTTPRequestHandler]:
-    class Handler(QuietHandler):
-        def do_GET(self) -> None:
-            name = self.path.strip("/").removeprefix("simple/")
-            files = {w.name: w for ws in wheels.values() for w in ws}
-            if self.path.startswith("/files/") and self.path[7:] in files:
-                self.send_body(files[self.path[7:]].read_bytes(), "application/octet-stream")
-            elif name in wheels:
-                page = {"meta": {"api-version": "1.1"}, "name": name, "files": [
-                    {"filename": w.name, "url": f"/files/{w.name}",
-                     "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()}}
-                    for w in wheels[name]]}
-                self.send_body(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
-            else:
-                self.send_error(404)
-
-        def do_HEAD(self) -> None:  # uv asks before it reads a wheel's metadata by range
-            files = {w.name: w for ws in wheels.values() for w in ws}
-            wheel = files.get(self.path.removeprefix("/files/"))
-            if wheel is None:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(wheel.stat().st_size))
-            self.end_headers()
-
-    return Handler
-
-
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
     tmp = tmp_path_factory.mktemp("public")
     wheels = {"iniconfig": [make_wheel(tmp, "iniconfig", "2.0")]}
-    with serve_http(_handler(wheels)) as url:
+    with serve_http(simple_index(wheels)) as url:
         yield Upstream(url + "/simple/", wheels)
 
 

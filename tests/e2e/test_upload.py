@@ -22,12 +22,12 @@ from redis import Redis
 
 from tests.helpers import (
     IndexURL,
-    QuietHandler,
     clean_env,
     make_wheel,
     metadata_bomb,
     run_console,
     serve_http,
+    simple_index,
     start_index,
 )
 from wheelhouse.config import Config
@@ -56,35 +56,7 @@ def _upstream_handler(wheels: list[Path]) -> type[BaseHTTPRequestHandler]:
     by_project: dict[str, list[Path]] = {}
     for w in wheels:
         by_project.setdefault(w.name.split("-")[0].replace("_", "-"), []).append(w)
-
-    class Handler(QuietHandler):
-        """A PEP 691 upstream index (the public one, as far as the server knows)."""
-
-        def do_GET(self) -> None:
-            name = self.path.strip("/").removeprefix("simple/")
-            files = {w.name: w for ws in by_project.values() for w in ws}
-            if self.path.startswith("/files/") and self.path[7:] in files:
-                self.send_body(files[self.path[7:]].read_bytes(), "application/octet-stream")
-            elif name in by_project:
-                page = {"meta": {"api-version": "1.1"}, "name": name, "files": [
-                    {"filename": w.name, "url": f"/files/{w.name}",
-                     "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()}}
-                    for w in by_project[name]]}
-                self.send_body(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
-            else:
-                self.send_error(404)
-
-        def do_HEAD(self) -> None:  # uv asks before it reads a wheel's metadata by range
-            files = {w.name: w for ws in by_project.values() for w in ws}
-            wheel = files.get(self.path.removeprefix("/files/"))
-            if wheel is None:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Length", str(wheel.stat().st_size))
-            self.end_headers()
-
-    return Handler
+    return simple_index(by_project)
 
 
 @pytest.fixture(scope="module")

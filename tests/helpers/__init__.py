@@ -10,6 +10,7 @@ from tests.helpers.net import (
     free_port,
     host_addresses,
     serve_http,
+    simple_index,
     wait_for_port,
     wait_until,
 )
@@ -35,6 +36,6 @@ __all__ = [
     "RedisProcess", "TLSFiles", "build_job", "clean_env", "config_env", "console_script",
     "fake_cuda_toolkit", "free_port", "host_addresses", "make_tls_certs", "make_venv",
     "make_wheel", "metadata_bomb", "plant_job", "pypi_sdist", "run_console", "run_worker",
-    "serve_http",
+    "serve_http", "simple_index",
     "start_index", "wait_for_port", "wait_until",
 ]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
@@ -111,3 +114,38 @@ def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+def simple_index(wheels: dict[str, list[Path]]) -> type[BaseHTTPRequestHandler]:
+    """A PEP 691 upstream index serving ``wheels`` (project -> its files, read per request: a
+    test may add a project while it serves, as an outsider registering a name would), with
+    ``HEAD`` on files as uv asks before a ranged metadata read."""
+
+    def files() -> dict[str, Path]:
+        return {w.name: w for ws in wheels.values() for w in ws}
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:
+            name = self.path.strip("/").removeprefix("simple/")
+            found = files()
+            if self.path.startswith("/files/") and self.path[7:] in found:
+                self.send_body(found[self.path[7:]].read_bytes(), "application/octet-stream")
+            elif name in wheels:
+                page = {"meta": {"api-version": "1.1"}, "name": name, "files": [
+                    {"filename": w.name, "url": f"/files/{w.name}",
+                     "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()}}
+                    for w in wheels[name]]}
+                self.send_body(json.dumps(page).encode(), "application/vnd.pypi.simple.v1+json")
+            else:
+                self.send_error(404)
+
+        def do_HEAD(self) -> None:
+            wheel = files().get(self.path.removeprefix("/files/"))
+            if wheel is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(wheel.stat().st_size))
+            self.end_headers()
+
+    return Handler
