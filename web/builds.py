@@ -173,8 +173,9 @@ def spec_of(status: BuildStatus) -> BuildSpec | None:
 
 
 def install_command(base_url: str, spec: BuildSpec) -> str:
+    """The built wheel's install line, with the torch it needs (its METADATA says so too)."""
     return (f"uv pip install --index-url {base_url}/{spec.variant.key}/simple "
-            f"'{spec.project}=={spec.wheel_version}'")
+            f"'{spec.project}=={spec.wheel_version}' 'torch=={spec.torch}.*'")
 
 
 def history_estimate(conn: Redis, status: BuildStatus) -> float | None:

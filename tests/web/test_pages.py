@@ -555,7 +555,7 @@ def test_build_page_of_a_built_wheel_shows_the_install_command(
                         wheel=spec.expected_wheel_name)
     page = fleet_client.get(f"/builds/{job_id}").text
     assert ("uv pip install --index-url http://localhost/torch2.8-cu128-sm90/simple "
-            "&#39;flash-attn==2.8.3+cu128torch2.8.sm90&#39;") in page
+            "&#39;flash-attn==2.8.3+cu128torch2.8.sm90&#39; &#39;torch==2.8.*&#39;") in page
     assert 'id="cancel-form"' not in page
 
 
