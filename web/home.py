@@ -25,12 +25,8 @@ SNIPPET = (
 EXAMPLE_VARIANT = "torch2.8-cu128"
 
 
-def install_command(index_url: str, project: str, torch: str) -> str:
-    """A root's install line, with the root's torch line beside it: the installer then keeps a
-    torch of that line the venv has, or installs one (issue 30: never a wheel for one torch
-    beside another)."""
-    return f'uv pip install --index-url {index_url} {project} "torch=={torch}.*"'
-
+def install_command(index_url: str, project: str) -> str:
+    return f"uv pip install --index-url {index_url} {project}"
 
 
 def variant_command(base: str, project: str, torch: str) -> str:
@@ -52,7 +48,7 @@ def index() -> str:
         in_base = set(catalog.projects(variant.base)) if variant.archs else set(projects)
         rows.append({
             "variant": variant, "url": url,
-            "commands": [(p, install_command(url, p, variant.torch)) for p in projects],
+            "commands": [(p, install_command(url, p)) for p in projects],
             "narrow_only": [p for p in projects if p not in in_base],
         })
     example_url = f"{base}/{EXAMPLE_VARIANT}/simple"
@@ -69,9 +65,7 @@ def index() -> str:
         one_command=one, plain_projects=plain,
         example_variant=parse_variant(EXAMPLE_VARIANT),
         example=install_command(rows[0]["url"] if rows else example_url,
-                                rows[0]["commands"][0][0] if rows else "PROJECT",
-                                rows[0]["variant"].torch if rows
-                                else parse_variant(EXAMPLE_VARIANT).torch),
+                                rows[0]["commands"][0][0] if rows else "PROJECT"),
         narrowed=[r for r in rows if r["narrow_only"]])
 
 
