@@ -24,9 +24,11 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import hashlib
+import ipaddress
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -150,9 +152,46 @@ def _usable(name: str) -> bool:
     return True
 
 
+def _internal(host: str) -> bool:
+    """Whether ``host`` is, or resolves to, an address that is not a public one (loopback,
+    private, link-local, reserved): where an upstream page's links must not send the index."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False  # does not resolve: the fetch fails on its own
+    for info in infos:
+        try:
+            address = ipaddress.ip_address(info[4][0])
+        except ValueError:
+            continue
+        if not address.is_global:
+            return True
+    return False
+
+
+def _reachable_from(root: str) -> Callable[[str], bool]:
+    """Which file URLs of a page under ``root`` the index may fetch: its own host's, and any
+    public host's (PyPI's files live on another host), never an internal host the page names
+    (it would make the index fetch, and stream, from inside the network)."""
+    root_host = urlsplit(root).hostname or ""
+    verdicts: dict[str, bool] = {}
+
+    def ok(url: str) -> bool:
+        host = urlsplit(url).hostname or ""
+        if host == root_host:
+            return True
+        if host not in verdicts:
+            verdicts[host] = bool(host) and not _internal(host)
+        return verdicts[host]
+
+    return ok
+
+
 def from_upstream(root: str, project: NormalizedName, page: ProjectPage, etag: str | None,
                   now: float) -> MirrorPage:
-    """What to keep of an upstream page: files with a sha256 and a name storage can hold."""
+    """What to keep of an upstream page: files with a sha256 and a name storage can hold,
+    linked from the upstream's own host or a public one (:func:`_reachable_from`)."""
+    reachable = _reachable_from(root)
     files = tuple(
         MirrorFile(filename=f.filename, url=f.url, sha256=f.sha256.lower(),
                    requires_python=f.requires_python,
@@ -160,7 +199,7 @@ def from_upstream(root: str, project: NormalizedName, page: ProjectPage, etag: s
                    metadata=f.metadata, metadata_sha256=f.metadata_sha256, size=f.size,
                    upload_time=f.upload_time)
         for f in page.files
-        if f.sha256 and len(f.sha256) == 64 and _usable(f.filename))
+        if f.sha256 and len(f.sha256) == 64 and _usable(f.filename) and reachable(f.url))
     return MirrorPage(root=root, project=project, files=files,
                       versions=tuple(str(v) for v in page.versions), etag=etag, fetched=now)
 

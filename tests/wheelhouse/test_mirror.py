@@ -270,3 +270,24 @@ def test_a_page_cannot_make_the_index_read_its_own_disk(
     with pytest.raises(UpstreamUnavailable, match="not an http"):
         mirror.begin(storage, _config(tmp_path), f)
     assert list((tmp_path / "spool").iterdir()) == []
+
+
+def test_a_page_never_sends_the_index_to_an_internal_host_it_names() -> None:
+    """An upstream page is data: its links may point at the upstream's own host or at public
+    hosts (PyPI's files live on files.pythonhosted.org), never at the index's network."""
+    from packaging.utils import canonicalize_name
+
+    from wheelhouse.mirror import from_upstream
+    from wheelhouse.upstream import ProjectFile, ProjectPage
+
+    sha = "a" * 64
+    page = ProjectPage("https://203.0.113.7/simple/demo/", (
+        ProjectFile("demo-1.0-py3-none-any.whl", "https://203.0.113.7/f/demo-1.0-py3-none-any.whl",
+                    sha),
+        ProjectFile("demo-1.1-py3-none-any.whl", "http://127.0.0.1:8500/v1/secret.whl", sha),
+        ProjectFile("demo-1.2-py3-none-any.whl", "http://169.254.169.254/latest/x.whl", sha),
+        ProjectFile("demo-1.3-py3-none-any.whl", "http://10.1.2.3/internal.whl", sha),
+    ), ())
+    kept = from_upstream("https://203.0.113.7/simple/", canonicalize_name("demo"), page, None,
+                         0.0)
+    assert [f.filename for f in kept.files] == ["demo-1.0-py3-none-any.whl"]
