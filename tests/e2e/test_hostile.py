@@ -322,11 +322,14 @@ def test_a_hostile_sdist_built_by_a_real_worker_learns_reaches_and_leaves_nothin
     own_cache = f"{work / 'sccache' / 'hostile'}/"
     assert after.pop(lock, (0, 0))[0] == 0
     after = {path: st for path, st in after.items() if not path.startswith(own_cache)}
-    worker_own = f"{work / '.sandbox'}/"
+    # The box's provenance CA and the worker's certificate (root's, 0600: docs/provenance.md)
+    # are the worker's own too.
+    worker_own = (f"{work / '.sandbox'}/", f"{work / 'provenance'}/")
     after, before = ({path: st for path, st in files.items() if not path.startswith(worker_own)}
                      for files in (after, before))
     assert after == before, set(after.items()) ^ set(before.items())
-    assert {p.name for p in work.iterdir()} <= {"notes.txt", "src", "sccache", ".sandbox"}
+    assert {p.name for p in work.iterdir()} <= {"notes.txt", "src", "sccache", ".sandbox",
+                                                "provenance"}
     assert [p.name for p in (work / "sccache").iterdir()] in ([], ["hostile"])
 
     # The build page and the record say how it was sandboxed.
