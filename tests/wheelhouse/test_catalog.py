@@ -18,7 +18,7 @@ from wheelhouse.catalog import CATCH_UP, Catalog
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
 from wheelhouse.layout import Record, quarantine_key, record_key
-from wheelhouse.publish import bump_generation, publish
+from wheelhouse.publish import Checked, bump_generation, publish, publish_checked
 from wheelhouse.retry import RetryPolicy
 from wheelhouse.storage import (
     LocalStorage,
@@ -27,6 +27,7 @@ from wheelhouse.storage import (
     make_s3_client,
 )
 from wheelhouse.variants import parse_variant
+from wheelhouse.wheels import read_metadata
 
 FA = canonicalize_name("flash-attn")
 CP312 = "cp312-cp312-linux_x86_64"
@@ -51,6 +52,9 @@ def _publish(
     if build_tag:
         dist, ver, rest = path.name.split("-", 2)
         path = path.rename(path.with_name(f"{dist}-{ver}-{build_tag}-{rest}"))
+        # A rebuild under a build tag is the fleet's to publish (publish_checked, as the
+        # worker does): publish() refuses other bytes for a release's identity (issue 26).
+        return publish_checked(storage, Checked(path, read_metadata(path)), v, archs=archs)
     return publish(storage, path, v, archs=archs)
 
 
