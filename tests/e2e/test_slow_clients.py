@@ -131,7 +131,9 @@ def test_index_answers_while_200_clients_trickle_headers(index: tuple[IndexURL, 
     assert not slow, f"answers over {ANSWER_WITHIN} s or failed while clients trickled: {slow}"
     # They were really there, all at once, and never got a request through: the server held
     # them until the header deadline, then closed them without an answer.
-    assert open_conns >= SLOW_CLIENTS // 2, open_conns
+    # (A moment's count: the server closes each at its header deadline and the client opens
+    # another, so some are always between the two.)
+    assert open_conns >= SLOW_CLIENTS // 4, open_conns
     assert trickle.lines >= 3 and trickle.closed >= SLOW_CLIENTS, (trickle.lines,
                                                                   trickle.closed)
     assert trickle.answered == 0, trickle.answered
