@@ -389,12 +389,21 @@ def _lock_dir(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise SandboxUnavailable(f"{path} (WHEELHOUSE_BUILD_UID_LOCK_DIR) is not a directory "
-                                 "of the worker's own")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700, follow_symlinks=False)
+    # Checked and fixed through one descriptor: no link followed, no swap between the two.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = -1
+    try:
+        st = os.fstat(fd) if fd >= 0 else None
+        if st is None or st.st_uid != os.geteuid():
+            raise SandboxUnavailable(f"{path} (WHEELHOUSE_BUILD_UID_LOCK_DIR) is not a "
+                                     "directory of the worker's own")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _is_system(path: Path) -> bool:

@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from wheelhouse.errors import InvalidBuildSpec
 from wheelhouse.sourcedir import pack_directory
@@ -78,3 +79,34 @@ def test_the_cli_takes_a_directory_and_says_what_to_do_in_one_line(
     done = run_console(*args, cwd=tmp_path)
     assert done.returncode != 0
     assert "python -m build --sdist" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_fifo_or_a_linked_metadata_file_is_neither_opened_nor_followed(
+        tmp_path: Path) -> None:
+    """The tree may be anyone's (a clone, a download): a FIFO is refused without blocking on
+    it, a PKG-INFO that is a link is not read (the static name comes from pyproject), and a
+    metadata file past the cap is refused before it is parsed."""
+    secret = tmp_path / "secret"
+    secret.write_text("Metadata-Version: 2.1\nName: stolen\nVersion: 6.6.6\n")
+    root = _project(tmp_path / "proj")
+    (root / "PKG-INFO").symlink_to(secret)
+    with pytest.raises(InvalidBuildSpec, match="not a regular file or directory"):
+        pack_directory(root, tmp_path / "out")  # the link itself is refused as a member
+    (root / "PKG-INFO").unlink()
+    os.mkfifo(root / "src" / "pipe")
+    with pytest.raises(InvalidBuildSpec, match="not a regular file or directory"):
+        pack_directory(root, tmp_path / "out")
+    (root / "src" / "pipe").unlink()
+    (root / "pyproject.toml").write_text(PYPROJECT + "#" * (2 * 1024 * 1024))
+    with pytest.raises(InvalidBuildSpec, match="larger than"):
+        pack_directory(root, tmp_path / "out")
+
+
+def test_static_metadata_behind_a_link_is_not_read(tmp_path: Path) -> None:
+    from wheelhouse.sourcedir import static_name_version
+
+    secret = tmp_path / "secret"
+    secret.write_text("Metadata-Version: 2.1\nName: stolen\nVersion: 6.6.6\n")
+    root = _project(tmp_path / "proj")
+    (root / "PKG-INFO").symlink_to(secret)
+    assert static_name_version(root) == ("My.Ext", Version("1.2"))
