@@ -13,13 +13,13 @@ from web import auth
 from web.builds import JOB_ID, Submitted, SubmittedSplit, build_view, request_view, submit_request
 from web.form import parse_request
 from web.services import services
-from web.sources import publisher, store_source, too_large
+from web.sources import store_source, too_large
 from wheelhouse.buildspec import check_sdist_filename
 from wheelhouse.errors import InvalidBuildSpec
 from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.layout import source_key
-from wheelhouse.ownership import admit_source
+from wheelhouse.ownership import Publisher, admit_source
 from wheelhouse.queue import cancel_build, get_build, log_since
 from wheelhouse.recipes import allowed_projects
 
@@ -98,7 +98,7 @@ def create_builds() -> Response:
             raise InvalidBuildSpec(f"no sdist {ref.filename} with sha256 {ref.sha256[:16]}… "
                                    "was uploaded here: PUT it to /api/sources/<filename> first")
         # Asked again here: a stored sdist may be named by another token than its uploader's.
-        admit_source(svc.storage, svc.config, ref.filename, ref.sha256, publisher(info),
+        admit_source(svc.storage, svc.config, ref.filename, ref.sha256, Publisher.of(info),
                      recipe=specs[0].project in svc.recipes)
     # Every spec of one request is of one project, so of one recipe (its split_archs default).
     recipe = svc.recipe_for(specs[0].project)

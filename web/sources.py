@@ -30,11 +30,6 @@ class StoredSource:
     """False when the same bytes were stored before (content-addressed)."""
 
 
-def publisher(info: TokenInfo) -> Publisher:
-    """Who a build of an uploaded sdist publishes for (``wheelhouse.ownership``)."""
-    return Publisher(info.name, admin=info.allows("admin"), projects=info.projects)
-
-
 def too_large(svc: Services) -> UploadTooLarge:
     return UploadTooLarge(f"the sdist is larger than this server accepts "
                           f"(WHEELHOUSE_SDIST_UPLOAD_MAX_MIB={svc.config.sdist_upload_max_mib})")
@@ -62,7 +57,7 @@ def store_source(svc: Services, info: TokenInfo, filename: str,
         if size == 0:
             raise InvalidBuildSpec("the sdist is empty: send its bytes")
         ref = SourceRef(digest.hexdigest(), filename)
-        admit_source(svc.storage, svc.config, filename, ref.sha256, publisher(info),
+        admit_source(svc.storage, svc.config, filename, ref.sha256, Publisher.of(info),
                      recipe=project in svc.recipes)
         key = source_key(ref.sha256, ref.filename)
         created = not svc.storage.exists(key)

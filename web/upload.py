@@ -62,8 +62,8 @@ def upload(variant_key: str) -> Response:
             raise UploadTooLarge(
                 f"{filename} is larger than this index accepts "
                 f"(WHEELHOUSE_UPLOAD_MAX_MIB={svc.config.upload_max_mib})")
-        publisher = Publisher(info.name, admin=info.allows("admin"), projects=info.projects)
-        record = accept(svc.storage, svc.config, variant, fields, path, publisher=publisher,
+        record = accept(svc.storage, svc.config, variant, fields, path,
+                        publisher=Publisher.of(info),
                         recipes=svc.recipes)
     resp = Response(f"OK: {record.filename} in {variant.key} (sha256 {record.sha256})\n",
                     mimetype="text/plain")

@@ -43,6 +43,7 @@ from wheelhouse.config import Config
 from wheelhouse.errors import NotOwner, StorageError, UpstreamUnavailable
 from wheelhouse.layout import OWNERS, RECORDS, owner_key, private_key, upstream_key
 from wheelhouse.storage import Storage
+from wheelhouse.tokens import TokenInfo
 from wheelhouse.upstream import Router, fetch_project
 from wheelhouse.variants import Variant
 
@@ -107,6 +108,11 @@ class Publisher:
 
     def __str__(self) -> str:
         return "the build fleet" if self.name == FLEET else f"token {self.name!r}"
+
+    @classmethod
+    def of(cls, info: TokenInfo) -> Publisher:
+        """The token ``info`` as a publisher (an upload, or the build of an uploaded sdist)."""
+        return cls(info.name, admin=info.allows("admin"), projects=info.projects)
 
 
 @dataclass(frozen=True)
