@@ -4,14 +4,15 @@ The build is the test CUDA extension's kernel (tests/fixtures/cudaext's ``add``)
 ``--kernels`` translation units with template instantiations; every third one is heavy, as
 flash-attn mixes cheap forward and expensive backward kernels. A ``build.ninja`` drives nvcc the
 way ``torch.utils.cpp_extension`` does (``ninja -v -j MAX_JOBS``), so each compile runs in its
-own process group. Every run goes through ``worker.reaper.BuildProcess``; the tree's memory is
+own process group. Every run goes through ``worker.supervision.reaper.BuildProcess``; the tree's
+memory is
 sampled ten times a second by a ``MemoryGovernor`` (which only pauses in the governed runs).
 
 Runs, in order:
   0. MAX_JOBS=1, untimed: warms the caches, and is the "earlier build" whose job peaks are
      learned (as the worker learns them per recipe and CUDA).
   1. MAX_JOBS=k for k = 1..cores (k = cores is the naive setting).
-  3. automatic MAX_JOBS (wheelhouse.maxjobs.choose_max_jobs on the learned peak) + governor.
+  3. automatic MAX_JOBS (wheelhouse.builds.maxjobs.choose_max_jobs on the learned peak) + governor.
   4. MAX_JOBS=cores + governor.
 A run fails if the build fails or its peak tree memory exceeds the budget (where the kernel's
 OOM killer would strike). Default budget: 1.5 x the peak of the MAX_JOBS=1 run.
@@ -31,9 +32,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from wheelhouse.maxjobs import LEARNED_MARGIN, choose_max_jobs
-from worker.governor import MemoryGovernor
-from worker.reaper import BuildProcess
+from wheelhouse.builds.maxjobs import LEARNED_MARGIN, choose_max_jobs
+from worker.supervision.governor import MemoryGovernor
+from worker.supervision.reaper import BuildProcess
 
 MiB = 1 << 20
 NEVER = -(1 << 62)

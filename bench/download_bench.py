@@ -147,7 +147,7 @@ def tree_cpu_seconds(proc: subprocess.Popen[bytes]) -> float:
 
 
 def wheelhouse_cmd() -> list[str]:
-    return [sys.executable, "-c", "from wheelhouse.cli import run; run()", "serve",
+    return [sys.executable, "-c", "from wheelhouse.cli.main import run; run()", "serve",
             "--host", "127.0.0.1", "--port", "{port}", "--workers", "2", "--threads", "4",
             # The worker class the figures in docs/downloads.md were measured with; `serve`'s
             # default is gevent's since issue 26 (its sendfile path is the kernel's too).
@@ -173,8 +173,8 @@ def make_big_wheel(directory: Path, size_mib: int) -> Path:
 
 
 def publish_to(config: Any, wheel: Path) -> Any:
-    from wheelhouse.publish import publish
-    from wheelhouse.storage import open_storage
+    from wheelhouse.index.publish import publish
+    from wheelhouse.index.storage import open_storage
     from wheelhouse.variants import parse_variant
 
     return publish(open_storage(config), wheel, parse_variant(VARIANT))
@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 s3_config = Config(storage="s3://bench/idx", upstream="off",
                                    s3_endpoint_url=s3.url)
                 os.environ.update(AWS_ENV)
-                from wheelhouse.storage import make_s3_client
+                from wheelhouse.index.storage import make_s3_client
 
                 make_s3_client(s3_config).create_bucket(Bucket="bench")
                 publish_to(s3_config, wheel)

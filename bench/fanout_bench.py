@@ -45,9 +45,9 @@ import redis
 import requests
 from packaging.utils import parse_sdist_filename
 
+from wheelhouse.builds.queue import fetch_job
 from wheelhouse.config import Config
-from wheelhouse.queue import fetch_job
-from wheelhouse.tokens import create_token
+from wheelhouse.index.tokens import create_token
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "vecadd-0.1.0"

@@ -4,7 +4,7 @@ Proves that the flash-attn recipe builds flash-attn 2.8.3.post2 (the newest sdis
 CUDA 13.0, in minutes instead of the hours of a full build:
 
 1. the real sdist from PyPI (sha256-checked, cached like the tests' sdists);
-2. the recipe's patches for this version and torch (``wheelhouse.patches.apply_patches``);
+2. the recipe's patches for this version and torch (``wheelhouse.recipes.patches.apply_patches``);
 3. the patched ``setup.py build_ext`` in a venv with torch 2.14.1, under the recipe's environment
    for one architecture (sm80): torch's ``cpp_extension`` writes its ``build.ninja`` with every
    flag it would use, and a stand-in ``ninja`` on PATH stops the build there;
@@ -49,8 +49,8 @@ import psutil
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from wheelhouse.patches import apply_patches
-from wheelhouse.recipes import load_recipe
+from wheelhouse.recipes.book import load_recipe
+from wheelhouse.recipes.patches import apply_patches
 from wheelhouse.variants import Variant
 
 MiB = 1 << 20

@@ -113,7 +113,7 @@ def _scratch_storage(root: Path) -> Any:
     A benchmark catalog need not survive a power cut; three fsyncs a wheel would make a
     50,000-wheel catalog take many minutes to write.
     """
-    from wheelhouse.storage import LocalStorage
+    from wheelhouse.index.storage import LocalStorage
 
     class ScratchStorage(LocalStorage):
         def put_file(self, key: str, path: Path) -> None:
@@ -133,14 +133,14 @@ def _scratch_storage(root: Path) -> Any:
 def build_catalog(root: Path, wheels: int, variant_count: int, log: Any) -> Catalog:
     """Write ``wheels`` tiny wheels (``FILES_PER_PAGE`` per project) into storage at ``root``.
 
-    The first wheel of every project goes through :func:`wheelhouse.publish.publish`; the rest
+    The first wheel of every project goes through :func:`wheelhouse.index.publish.publish`; the rest
     are written straight into the same storage layout (wheel, ``.metadata``, record) with the
     core's own key and record helpers, then the generation is bumped once: publishing 50,000
     wheels one by one would take minutes. :func:`check_catalog` then reads it back.
     """
     from tests.helpers import make_wheel
-    from wheelhouse.layout import Record, record_key, wheel_key
-    from wheelhouse.publish import bump_generation, publish
+    from wheelhouse.index.layout import Record, record_key, wheel_key
+    from wheelhouse.index.publish import bump_generation, publish
     from wheelhouse.wheels import parse_name, read_metadata, sha256_file
 
     if wheels % (variant_count * FILES_PER_PAGE):
@@ -214,8 +214,8 @@ def check_catalog(catalog: Catalog) -> None:
     """Read the catalog back through the core: every page lists exactly its files."""
     from packaging.utils import canonicalize_name
 
-    from wheelhouse.catalog import Catalog as CoreCatalog
-    from wheelhouse.storage import LocalStorage
+    from wheelhouse.index.catalog import Catalog as CoreCatalog
+    from wheelhouse.index.storage import LocalStorage
     from wheelhouse.variants import parse_variant
 
     core = CoreCatalog(LocalStorage(catalog.root))
@@ -263,7 +263,7 @@ def start_server(name: str, app: str, env: dict[str, str], workdir: Path,
     port = free_port()
     log = workdir / f"{name}.log"
     if app == "wheelhouse serve":
-        cmd = [sys.executable, "-c", "from wheelhouse.cli import run; run()", "serve",
+        cmd = [sys.executable, "-c", "from wheelhouse.cli.main import run; run()", "serve",
                "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--threads", "4",
                "--no-access-log"]
     else:

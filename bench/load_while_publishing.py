@@ -106,7 +106,7 @@ def _storage(kind: str, work: Path) -> Iterator[dict[str, str]]:
                     "WHEELHOUSE_S3_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
         os.environ.update(aws)
         from wheelhouse.config import Config
-        from wheelhouse.storage import make_s3_client
+        from wheelhouse.index.storage import make_s3_client
 
         make_s3_client(Config.from_env(settings)).create_bucket(Bucket="bench")
         yield settings
@@ -131,8 +131,8 @@ def _publisher(settings: dict[str, str], wheels: list[str], duration: float,
                started: float) -> list[tuple[str, float]]:
     """Publish ``wheels`` evenly over ``duration``; (file name, seconds it took) each."""
     from wheelhouse.config import Config
-    from wheelhouse.publish import publish
-    from wheelhouse.storage import open_storage
+    from wheelhouse.index.publish import publish
+    from wheelhouse.index.storage import open_storage
     from wheelhouse.variants import parse_variant
 
     os.environ.update({k: v for k, v in settings.items() if k.startswith("AWS_")})

@@ -100,7 +100,7 @@ def main() -> None:
                          "WHEELHOUSE_UPSTREAM_RULES": f"torch={upstream}/whl/{{cu}}/",
                          "WHEELHOUSE_CACHE_SPOOL": str(tmp / "spool"),
                          "PYTHONPATH": str(REPO)}
-            index = _start([sys.executable, "-c", "from wheelhouse.cli import run; run()",
+            index = _start([sys.executable, "-c", "from wheelhouse.cli.main import run; run()",
                             "serve", "--host", "127.0.0.1", "--port", str(port),
                             "--workers", "2"], index_env, tmp / f"index-{n}.log")
             procs.append(index)

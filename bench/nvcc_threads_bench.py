@@ -2,7 +2,8 @@
 
 One templated kernel file (tests/fixtures/cudaext's ``add``, instantiated 24 times so that a
 compile is heavy enough to measure) is compiled once per case, each as the single job of a
-``build.ninja`` run through ``worker.reaper.BuildProcess``, and the job's whole process tree
+``build.ninja`` run through ``worker.supervision.reaper.BuildProcess``, and the job's whole process
+tree
 (nvcc, cicc, ptxas, fatbinary...) is sampled ten times a second by a ``MemoryGovernor`` that
 never pauses, as bench/build_bench.py and the worker measure job peaks. Cases:
 
@@ -11,7 +12,8 @@ never pauses, as bench/build_bench.py and the worker measure job peaks. Cases:
   3 archs, --threads 1
   1 arch + PTX, --threads 2     sm_90 and compute_90 (does a PTX target take a thread?)
 
-For each: the job's peak against what ``wheelhouse.maxjobs`` charges once that peak is learned
+For each: the job's peak against what ``wheelhouse.builds.maxjobs`` charges once that peak is
+learned
 (peak x margin, for its effective threads = min(--threads, targets)), and the MAX_JOBS that
 charge gives on a 128-core, 512 GiB host (with how many would fit before the cap at the cores).
 Then the cross case the old model got wrong: a figure learned from the 1-arch build charging the
@@ -33,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from wheelhouse.maxjobs import (
+from wheelhouse.builds.maxjobs import (
     GIB,
     LEARNED_MARGIN,
     decide,
@@ -41,9 +43,9 @@ from wheelhouse.maxjobs import (
     record_peaks,
     reserve_bytes,
 )
-from wheelhouse.storage import LocalStorage
-from worker.governor import MemoryGovernor
-from worker.reaper import BuildProcess
+from wheelhouse.index.storage import LocalStorage
+from worker.supervision.governor import MemoryGovernor
+from worker.supervision.reaper import BuildProcess
 
 MiB = 1 << 20
 NEVER = -(1 << 62)

@@ -35,9 +35,9 @@ from typing import Any
 
 import psutil
 
-from wheelhouse.catalog import Catalog
 from wheelhouse.config import Config
-from wheelhouse.storage import open_storage
+from wheelhouse.index.catalog import Catalog
+from wheelhouse.index.storage import open_storage
 from worker.devicecode import wheel_device_code
 
 TORCH_FIND_LINKS = os.environ.get("WHEELHOUSE_TEST_TORCH_FIND_LINKS", "/opt/pypi-more/files")

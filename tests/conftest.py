@@ -17,7 +17,7 @@ from redis import Redis
 
 from tests.helpers import Listener, TLSFiles, free_port, make_tls_certs, wait_for_port
 from wheelhouse.config import Config
-from wheelhouse.storage import LocalStorage, S3Storage, Storage
+from wheelhouse.index.storage import LocalStorage, S3Storage, Storage
 
 ARTIFACTS = Path(os.environ.get("WHEELHOUSE_TEST_ARTIFACTS", "test-artifacts")).resolve()
 
@@ -162,7 +162,7 @@ _bucket_counter = iter(range(1_000_000))
 @pytest.fixture
 def s3_config(s3_server: str, s3_env: dict[str, str]) -> Config:
     """A Config pointing at a fresh bucket on the loopback S3 server."""
-    from wheelhouse.storage import make_s3_client
+    from wheelhouse.index.storage import make_s3_client
 
     bucket = f"wheels-{next(_bucket_counter)}"
     config = Config(storage=f"s3://{bucket}/idx", s3_endpoint_url=s3_server)
@@ -186,7 +186,7 @@ def local_storage(tmp_path: Path) -> LocalStorage:
 
 @pytest.fixture
 def s3_storage(s3_config: Config) -> S3Storage:
-    from wheelhouse.storage import open_storage
+    from wheelhouse.index.storage import open_storage
 
     storage = open_storage(s3_config)
     assert isinstance(storage, S3Storage)

@@ -22,7 +22,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.helpers import free_port, make_tls_certs, wait_for_port
-from wheelhouse.cli import main
+from wheelhouse.cli.main import main
 from wheelhouse.config import Config, documented_settings
 from wheelhouse.redisconn import connect
 

@@ -6,10 +6,10 @@ import py_compile
 import shlex
 from pathlib import Path
 
+from wheelhouse.builds.sourcedir import pack_directory
 from wheelhouse.config import Config
-from wheelhouse.sourcedir import pack_directory
 from worker.cli import parse_target
-from worker.untrusted import SdistLimits, unpack
+from worker.sandbox.untrusted import SdistLimits, unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "examples" / "README.md"

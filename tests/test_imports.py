@@ -98,7 +98,7 @@ def test_the_graph_is_read_from_the_source() -> None:
     assert "web.simple" in imports_of("web.app")  # from web import simple
     assert "web.metrics" in imports_of("web.services")
     assert "flask" in imports_of("web.services")
-    assert "worker.runner" in imports_of("worker.build")  # from worker.runner import Runner
+    assert "worker.supervision.runner" in imports_of("worker.build")  # from ...runner import Runner
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from tests.helpers import free_port, wait_for_port
-from wheelhouse.cli import main
+from wheelhouse.cli.main import main
 from wheelhouse.config import Config, documented_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def test_every_setting_is_in_the_settings_table() -> None:
 #: ``WHEELHOUSE_*`` names the code uses that are not settings a user sets: markers the worker
 #: puts into its own children's environments, and a prefix in a message.
 NOT_SETTINGS = {
-    "WHEELHOUSE_BUILD_ID": "the cookie each build process carries (worker/reaper.py)",
+    "WHEELHOUSE_BUILD_ID": "the cookie each build process carries (worker/supervision/reaper.py)",
     "WHEELHOUSE_COMPILE_SERVER": "marks the compile cache's own server (worker/compilecache.py)",
     "WHEELHOUSE_SDIST_MAX": "the prefix of WHEELHOUSE_SDIST_MAX_* in a docstring",
 }

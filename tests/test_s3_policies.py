@@ -30,10 +30,10 @@ import requests
 from botocore.exceptions import ClientError
 
 from tests.helpers import free_port, make_wheel, run_console, start_index, wait_for_port
-from wheelhouse import layout
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageError
-from wheelhouse.storage import open_storage
+from wheelhouse.index import layout
+from wheelhouse.index.storage import open_storage
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "deploy" / "s3"
@@ -135,8 +135,8 @@ def test_workers_publish_and_the_web_serves(policed_s3: PolicedS3, tmp_path: Pat
     # What a build writes besides the wheel: its log and the learned per-job memory.
     wrote = subprocess.run(
         [sys.executable, "-c", "from wheelhouse.config import Config\n"
-         "from wheelhouse.maxjobs import record_peaks\n"
-         "from wheelhouse.storage import open_storage\n"
+         "from wheelhouse.builds.maxjobs import record_peaks\n"
+         "from wheelhouse.index.storage import open_storage\n"
          "storage = open_storage(Config.from_env())\n"
          "storage.put_bytes('logs/torch2.8-cu128/demo-ext/x.log', b'the log')\n"
          "record_peaks(storage, 'generic', 'demo-ext', '12.8', [2**30], 2, archs=2,\n"

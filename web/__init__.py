@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     from flask import Flask
 
     from wheelhouse.config import Config
-    from wheelhouse.storage import Storage
+    from wheelhouse.index.storage import Storage
 
 
 def create_app(config: Config | None = None, *, storage: Storage | None = None) -> Flask:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from wheelhouse.config import Config, RateLimit, ReadAuth
-from wheelhouse.tokens import (
+from wheelhouse.index.tokens import (
     TokenInfo,
     end_session,
     lookup_digest,

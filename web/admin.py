@@ -1,6 +1,6 @@
 """Yank, unyank and delete: the JSON API (admin tokens) and the project page's buttons.
 
-The changes themselves are the core's (:mod:`wheelhouse.manage`): markers and deletions in
+The changes themselves are the core's (:mod:`wheelhouse.index.manage`): markers and deletions in
 storage, an audit entry naming the token, and a new generation, so every page (and its ETag)
 changes on the next catalog refresh; this process refreshes at once.
 """
@@ -16,9 +16,9 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.services import services
-from wheelhouse.catalog import Record
-from wheelhouse.manage import Action, Target, delete, unyank, yank
-from wheelhouse.tokens import TokenInfo
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.manage import Action, Target, delete, unyank, yank
+from wheelhouse.index.tokens import TokenInfo
 
 bp = Blueprint("admin", __name__)
 

@@ -14,14 +14,14 @@ from web.builds import JOB_ID, Submitted, SubmittedSplit, build_view, request_vi
 from web.form import parse_request
 from web.services import services
 from web.sources import store_source, too_large
-from wheelhouse.buildspec import check_sdist_filename
+from wheelhouse.builds.fanout import cancel_request, is_request_id, load_request, request_status
+from wheelhouse.builds.fleet import live_workers, servable, unavailable_reasons
+from wheelhouse.builds.queue import cancel_build, get_build, log_since
+from wheelhouse.builds.spec import check_sdist_filename
 from wheelhouse.errors import InvalidBuildSpec
-from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
-from wheelhouse.fleet import live_workers, servable, unavailable_reasons
-from wheelhouse.layout import source_key
-from wheelhouse.ownership import Publisher, admit_source
-from wheelhouse.queue import cancel_build, get_build, log_since
-from wheelhouse.recipes import allowed_projects
+from wheelhouse.index.layout import source_key
+from wheelhouse.index.ownership import Publisher, admit_source
+from wheelhouse.recipes.book import allowed_projects
 
 if TYPE_CHECKING:
     from redis import Redis

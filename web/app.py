@@ -32,7 +32,7 @@ from web.guard import RequestGuard
 from web.services import Services
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageError
-from wheelhouse.storage import Storage
+from wheelhouse.index.storage import Storage
 
 log = logging.getLogger(__name__)
 

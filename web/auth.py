@@ -2,7 +2,7 @@
 
 - The API takes ``Authorization: Bearer <token>``. Forms take a login: the token is typed once
   into ``/login`` and the session keeps only its digest, so revoking the token ends the session;
-  the session also lives in Redis (:func:`wheelhouse.tokens.start_session`), so signing out
+  the session also lives in Redis (:func:`wheelhouse.index.tokens.start_session`), so signing out
   ends it for every copy of the cookie. The cookie is ``Secure`` on requests that came over
   TLS.
 - Every form POST carries a CSRF token bound to the session; API calls that authenticate with
@@ -40,9 +40,9 @@ from werkzeug.exceptions import (
 
 from web.access import Windows
 from web.services import Services, services
+from wheelhouse.builds.queue import requester_of
 from wheelhouse.errors import QueueUnavailable
-from wheelhouse.queue import requester_of
-from wheelhouse.tokens import TokenInfo
+from wheelhouse.index.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from redis import Redis

@@ -1,5 +1,6 @@
 """A build's page (``/builds/<job_id>``): state, facts, the log's tail; and cancelling it. A
-split request (``wheelhouse.fanout``) has a page at the same place: its parts, each linking to
+split request (``wheelhouse.builds.fanout``) has a page at the same place: its parts, each linking
+to
 its own build's page; cancelling it cancels every part still queued or building."""
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from web import auth
 from web.api import base_url
 from web.builds import JOB_ID, build_view, request_view, spec_of
 from web.services import services
+from wheelhouse.builds.fanout import cancel_request, is_request_id, load_request, request_status
+from wheelhouse.builds.queue import BuildState, cancel_build, get_build, log_tail
 from wheelhouse.errors import FailureKind
-from wheelhouse.fanout import cancel_request, is_request_id, load_request, request_status
-from wheelhouse.queue import BuildState, cancel_build, get_build, log_tail
 
 bp = Blueprint("buildpage", __name__)
 

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from wheelhouse.buildspec import BuildSpec, queue_name
-from wheelhouse.catalog import Catalog
-from wheelhouse.errors import InvalidBuildSpec, UnservableSpec
-from wheelhouse.fanout import (
+from wheelhouse.builds.fanout import (
     RequestStatus,
     SplitRequest,
     load_request,
@@ -21,9 +18,8 @@ from wheelhouse.fanout import (
     request_id,
     request_state,
 )
-from wheelhouse.fleet import explain_unservable
-from wheelhouse.layout import PROVENANCE_SUFFIX
-from wheelhouse.queue import (
+from wheelhouse.builds.fleet import explain_unservable
+from wheelhouse.builds.queue import (
     BuildState,
     BuildStatus,
     enqueue_build,
@@ -31,8 +27,12 @@ from wheelhouse.queue import (
     get_build,
     record_requester,
 )
-from wheelhouse.recipes import Recipe
-from wheelhouse.torchindex import TorchIndex
+from wheelhouse.builds.spec import BuildSpec, queue_name
+from wheelhouse.builds.torchindex import TorchIndex
+from wheelhouse.errors import InvalidBuildSpec, UnservableSpec
+from wheelhouse.index.catalog import Catalog
+from wheelhouse.index.layout import PROVENANCE_SUFFIX
+from wheelhouse.recipes.book import Recipe
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -91,7 +91,7 @@ def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *, timeout
 
 @dataclass(frozen=True)
 class SubmittedSplit:
-    """A request split into one build per architecture (``wheelhouse.fanout``)."""
+    """A request split into one build per architecture (``wheelhouse.builds.fanout``)."""
 
     request: SplitRequest
     parts: list[Submitted]

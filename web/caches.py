@@ -24,7 +24,7 @@ from typing import Any
 from werkzeug.utils import get_content_type
 
 from wheelhouse.errors import UpstreamUnavailable
-from wheelhouse.upstream import fetch_project
+from wheelhouse.index.upstream import fetch_project
 
 #: Status lines of the answers a :class:`Page` can hold.
 STATUS_LINES = {200: "200 OK", 302: "302 FOUND", 304: "304 NOT MODIFIED"}

@@ -21,7 +21,7 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.errors import AppImportError
 
 from web import create_app
-from wheelhouse.cli import pass_config, storage_option
+from wheelhouse.cli.main import pass_config, storage_option
 from wheelhouse.config import ENV_PREFIX, Config
 from wheelhouse.errors import WheelhouseError
 from wheelhouse.localredis import LocalRedisError, private_redis

@@ -16,7 +16,6 @@ from werkzeug.exceptions import HTTPException, InternalServerError
 from werkzeug.wrappers import Response as BaseResponse
 
 from web.services import Services
-from wheelhouse.catalog import Catalog
 from wheelhouse.errors import (
     AlreadyPublished,
     DamagedFile,
@@ -38,6 +37,7 @@ from wheelhouse.errors import (
     UpstreamUnavailable,
     WheelhouseError,
 )
+from wheelhouse.index.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

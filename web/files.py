@@ -30,10 +30,10 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web.caches import etag_matches
 from web.services import services
-from wheelhouse.catalog import Record
 from wheelhouse.config import Config
 from wheelhouse.errors import DamagedFile, StorageError, StorageUnavailable
-from wheelhouse.storage import ByteStream
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.storage import ByteStream
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import parse_name, split_variant_label
 

@@ -13,7 +13,7 @@ from typing import Any
 from packaging.utils import InvalidName, canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from wheelhouse.buildspec import (
+from wheelhouse.builds.spec import (
     KNOWN_MACHINES,
     KNOWN_PYTHONS,
     MAX_FIELD_LENGTH,
@@ -49,7 +49,7 @@ class BuildRequest:
     values: dict[str, Any] = field(default_factory=dict)
     """What was submitted, normalized where it could be: refills the form."""
     split_archs: bool | None = None
-    """One job per GPU architecture (``wheelhouse.fanout``); None: the recipe's default."""
+    """One job per GPU architecture (``wheelhouse.builds.fanout``); None: the recipe's default."""
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -13,12 +13,12 @@ from packaging.tags import Tag
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, tags_serve
-from wheelhouse.catalog import Catalog
+from wheelhouse.builds.fanout import RequestStatus, part_status, recent_requests
+from wheelhouse.builds.meta import JobMeta
+from wheelhouse.builds.queue import BuildState, all_build_jobs, state_of
+from wheelhouse.builds.spec import KNOWN_MACHINES, KNOWN_PYTHONS, tags_serve
 from wheelhouse.errors import InvalidVariant
-from wheelhouse.fanout import RequestStatus, part_status, recent_requests
-from wheelhouse.jobmeta import JobMeta
-from wheelhouse.queue import BuildState, all_build_jobs, state_of
+from wheelhouse.index.catalog import Catalog
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import split_variant_label
 
@@ -166,7 +166,7 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
 
 def split_requests(catalog: Catalog, conn: Redis, jobs: list[Job], *,
                    project: str | None = None, limit: int = 20) -> list[RequestStatus]:
-    """The newest split requests (``wheelhouse.fanout``), each with its parts' states, from
+    """The newest split requests (``wheelhouse.builds.fanout``), each with its parts' states, from
     the jobs already fetched in bulk: one Redis read for the records, none per part."""
     states = {job.id: state_of(job) for job in jobs}
     out = []

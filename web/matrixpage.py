@@ -8,7 +8,7 @@ from flask import Blueprint, render_template, request, url_for
 
 from web.matrix import build_matrix, split_requests
 from web.services import services
-from wheelhouse.queue import all_build_jobs
+from wheelhouse.builds.queue import all_build_jobs
 from wheelhouse.variants import parse_variant
 
 bp = Blueprint("matrixpage", __name__)

@@ -29,9 +29,9 @@ from redis.exceptions import RedisError
 from rq import Queue
 from rq.registry import StartedJobRegistry
 
-from wheelhouse.catalog import Catalog
+from wheelhouse.builds.stats import snapshot
 from wheelhouse.errors import QueueUnavailable
-from wheelhouse.stats import snapshot
+from wheelhouse.index.catalog import Catalog
 
 if TYPE_CHECKING:
     from redis import Redis

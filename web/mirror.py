@@ -3,7 +3,7 @@
 
 A cached file is served like a published one (``web.files.serve``: sendfile, ranges, S3
 stream or redirect); the first download streams from the upstream while it is kept
-(``wheelhouse.mirror.begin``). A HEAD or range request for a file not cached yet fills the
+(``wheelhouse.index.mirror.begin``). A HEAD or range request for a file not cached yet fills the
 cache first, since a range of a file can't be verified against its sha256.
 """
 
@@ -19,9 +19,9 @@ from werkzeug.wrappers import Response as BaseResponse
 from web.caches import etag_matches
 from web.files import IMMUTABLE, serve
 from web.services import services
-from wheelhouse import mirror
 from wheelhouse.errors import UpstreamUnavailable
-from wheelhouse.mirror import MirrorFile
+from wheelhouse.index import mirror
+from wheelhouse.index.mirror import MirrorFile
 
 bp = Blueprint("mirror", __name__)
 

@@ -16,10 +16,10 @@ from packaging.version import Version
 from redis.exceptions import RedisError
 
 from web.services import Services
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.catalog import Record
+from wheelhouse.builds.queue import enqueue_build
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import WheelhouseError
-from wheelhouse.queue import enqueue_build
+from wheelhouse.index.catalog import Record
 from wheelhouse.variants import Variant
 
 log = logging.getLogger(__name__)

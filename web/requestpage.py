@@ -19,7 +19,8 @@ from web.guard import MAX_BODY
 from web.services import services
 from web.signin import login_redirect, no_build_queue
 from web.sources import MIB, store_source
-from wheelhouse.buildspec import KNOWN_MACHINES, KNOWN_PYTHONS, check_sdist_filename
+from wheelhouse.builds.fleet import live_workers, servable, unavailable_reasons
+from wheelhouse.builds.spec import KNOWN_MACHINES, KNOWN_PYTHONS, check_sdist_filename
 from wheelhouse.errors import (
     StorageError,
     TorchUnavailable,
@@ -27,9 +28,8 @@ from wheelhouse.errors import (
     UpstreamUnavailable,
     WheelhouseError,
 )
-from wheelhouse.fleet import live_workers, servable, unavailable_reasons
-from wheelhouse.recipes import allowed_projects
-from wheelhouse.tokens import TokenInfo
+from wheelhouse.index.tokens import TokenInfo
+from wheelhouse.recipes.book import allowed_projects
 from wheelhouse.variants import KNOWN_ARCHS, KNOWN_CUDA
 
 bp = Blueprint("requestpage", __name__)

@@ -17,15 +17,15 @@ from web.access import AuthSettings, Tokens
 from web.caches import FormatCache, MetadataCache, PageCache, VersionsCache
 from web.metrics import Metrics
 from web.readiness import Probe, Readiness
-from wheelhouse.catalog import Catalog
+from wheelhouse.builds.torchindex import TorchIndex
 from wheelhouse.config import Config
 from wheelhouse.errors import StorageUnavailable
-from wheelhouse.mirror import Pages
-from wheelhouse.recipes import GENERIC, Recipe, available_recipes, pick_recipe
+from wheelhouse.index.catalog import Catalog
+from wheelhouse.index.mirror import Pages
+from wheelhouse.index.storage import Storage, open_storage
+from wheelhouse.index.upstream import Router
+from wheelhouse.recipes.book import GENERIC, Recipe, available_recipes, pick_recipe
 from wheelhouse.redisconn import queue_client
-from wheelhouse.storage import Storage, open_storage
-from wheelhouse.torchindex import TorchIndex
-from wheelhouse.upstream import Router
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -62,7 +62,7 @@ class Services:
     torch: TorchIndex | None = None
     """The torch and CUDA check before a build queues; None when ``torch_check`` is off."""
     mirror: Pages | None = None
-    """The pull-through cache's pages (``wheelhouse.mirror``); None when it is off."""
+    """The pull-through cache's pages (``wheelhouse.index.mirror``); None when it is off."""
 
     def recipe_for(self, project: str) -> Recipe:
         """``project``'s recipe, or the generic one (read at start-up, never per request)."""

@@ -28,11 +28,11 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import onmiss
 from web.caches import Page, PageKey, etag_matches, origin
 from web.services import services
-from wheelhouse import mirror, variantwheels
-from wheelhouse.catalog import Listing, Record
 from wheelhouse.errors import InvalidProjectName
-from wheelhouse.layout import PROVENANCE_SUFFIX
-from wheelhouse.ownership import pinned
+from wheelhouse.index import mirror, variantwheels
+from wheelhouse.index.catalog import Listing, Record
+from wheelhouse.index.layout import PROVENANCE_SUFFIX
+from wheelhouse.index.ownership import pinned
 from wheelhouse.variants import Variant, parse_variant
 from wheelhouse.wheels import parse_name, split_variant_label
 
@@ -224,7 +224,7 @@ def _build_on_miss(variant: Variant, project: NormalizedName,
 def _owned(project: NormalizedName, listing: Listing) -> bool:
     """Whether ``project`` is this index's own, never sent upstream from any root: it has a
     recipe here, the operator pins it, or it was published here and its upstream did not list
-    it then (``wheelhouse.ownership``). A project published here that the upstream lists is
+    it then (``wheelhouse.index.ownership``). A project published here that the upstream lists is
     sent there from roots that don't hold it; one kept private at its first publication
     (``private/<project>``) is never sent there, even with no file left."""
     svc = services()
@@ -285,7 +285,7 @@ UPSTREAM_HEADER = "X-Wheelhouse-Upstream"
 
 def _mirrored(root: str, project: NormalizedName, fmt: str) -> BaseResponse:
     """The upstream's page of ``project``, from the cache, linking to this index. Not kept in
-    the page cache: its freshness is the cache's to judge (``wheelhouse.mirror.Pages``)."""
+    the page cache: its freshness is the cache's to judge (``wheelhouse.index.mirror.Pages``)."""
     svc = services()
     assert svc.mirror is not None  # callers check
     served = svc.mirror.get(root, project)
@@ -338,7 +338,7 @@ def provenance_url(r: Record) -> str | None:
                    filename=r.filename + PROVENANCE_SUFFIX, _external=True)
 
 
-# -- the plain root /simple/: wheel variants (wheelhouse.variantwheels) --
+# -- the plain root /simple/: wheel variants (wheelhouse.index.variantwheels) --
 
 #: The plain root's place in the page cache's keys (no variant key is empty).
 PLAIN = ""

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from web.services import Services
-from wheelhouse.buildspec import SourceRef, check_sdist_filename
+from wheelhouse.builds.spec import SourceRef, check_sdist_filename
 from wheelhouse.errors import InvalidBuildSpec, UploadTooLarge
-from wheelhouse.layout import source_key
-from wheelhouse.ownership import Publisher, admit_source
-from wheelhouse.recipes import check_allowed
-from wheelhouse.tokens import TokenInfo
+from wheelhouse.index.layout import source_key
+from wheelhouse.index.ownership import Publisher, admit_source
+from wheelhouse.index.tokens import TokenInfo
+from wheelhouse.recipes.book import check_allowed
 
 MIB = 1024 * 1024
 _CHUNK = 1024 * 1024
@@ -38,7 +38,8 @@ def too_large(svc: Services) -> UploadTooLarge:
 def store_source(svc: Services, info: TokenInfo, filename: str,
                  read: Callable[[int], bytes]) -> StoredSource:
     """Read the sdist ``filename`` by ``read(n)`` (at most the configured cap), check that it
-    may be built for ``info`` (:func:`wheelhouse.ownership.admit_source`) and store it under its
+    may be built for ``info`` (:func:`wheelhouse.index.ownership.admit_source`) and store it under
+    its
     sha256; nothing is stored for bytes that are refused."""
     project, _version = check_sdist_filename(filename)
     check_allowed(svc.config, project)

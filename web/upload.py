@@ -1,7 +1,7 @@
 """The legacy upload API at ``/<variant>/`` (and ``/<variant>/legacy/``), so that
 ``twine upload --repository-url URL/<variant>/`` and ``uv publish --publish-url
 URL/<variant>/`` publish into that root. The checks and the publication are the core's
-(:mod:`wheelhouse.upload`); here the request becomes fields and a file.
+(:mod:`wheelhouse.index.upload`); here the request becomes fields and a file.
 
 The app-wide body limit (``web.guard.MAX_BODY``, 64 KiB) is raised for these routes only, to
 ``WHEELHOUSE_UPLOAD_MAX_MIB``, before the body is read: Werkzeug spools the file part to a
@@ -19,9 +19,9 @@ from werkzeug.datastructures import FileStorage
 from web import auth
 from web.services import services
 from wheelhouse.errors import InvalidUpload, UploadTooLarge
-from wheelhouse.ownership import Publisher
-from wheelhouse.upload import accept
-from wheelhouse.uploadchecks import check_text
+from wheelhouse.index.ownership import Publisher
+from wheelhouse.index.upload import accept
+from wheelhouse.index.uploadchecks import check_text
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import MAX_FILENAME_LENGTH
 

@@ -7,6 +7,6 @@ installation as the server whatever ``PATH`` says (systemd units and containers 
 
 from __future__ import annotations
 
-from wheelhouse.cli import run
+from wheelhouse.cli.main import run
 
 run()

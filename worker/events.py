@@ -3,7 +3,7 @@
 A build tells whoever watches it (the RQ job's meta, the console) four things, each an event:
 a step began (:class:`PhaseBegan`), ninja's ``[N/M]`` (:class:`Progress`), new lines of its log
 (:class:`LogLines`) and what it has measured so far (:class:`Measured`, the whole
-:class:`~wheelhouse.buildfacts.BuildFacts` at that moment). A :class:`Reporter` receives them;
+:class:`~wheelhouse.builds.facts.BuildFacts` at that moment). A :class:`Reporter` receives them;
 the :class:`Journal` is the build's end of the stream: it folds each measurement into the facts
 the build records (the wheel's record, a failure) and hands every event on, so the facts a
 watcher saw last are the facts recorded.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.builds.facts import BuildFacts
 
 
 @dataclass(frozen=True)

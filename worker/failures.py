@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.retry import RetryPolicy
 

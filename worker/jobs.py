@@ -11,19 +11,19 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 from rq import get_current_job
 
-from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.facts import BuildFacts
+from wheelhouse.builds.fleet import build_id_prefix
+from wheelhouse.builds.meta import Failure, JobMeta
+from wheelhouse.builds.queue import append_log, cancel_requested
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.builds.stats import record_build
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed
-from wheelhouse.fleet import build_id_prefix
-from wheelhouse.jobmeta import Failure, JobMeta
-from wheelhouse.queue import append_log, cancel_requested
-from wheelhouse.stats import record_build
-from wheelhouse.storage import open_storage
+from wheelhouse.index.storage import open_storage
 from worker import build
 from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Progress, Reporter
-from worker.reaper import become_subreaper
 from worker.steps.publish import log_key
+from worker.supervision.reaper import become_subreaper
 
 if TYPE_CHECKING:
     from redis import Redis

@@ -30,18 +30,18 @@ from rq import Worker
 from rq.exceptions import NoSuchJobError
 from rq.registry import StartedJobRegistry
 
-from wheelhouse.buildjob import SERIALIZER, BuildJob
-from wheelhouse.buildspec import queue_name
+from wheelhouse.builds.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
+from wheelhouse.builds.job import SERIALIZER, BuildJob
+from wheelhouse.builds.meta import JobMeta
+from wheelhouse.builds.queue import fetch_job
+from wheelhouse.builds.spec import queue_name
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
-from wheelhouse.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
-from wheelhouse.jobmeta import JobMeta
-from wheelhouse.queue import fetch_job
 from wheelhouse.redisconn import connect
 from wheelhouse.retry import WORKER_RECONNECT
 from wheelhouse.variants import normalize_cuda
-from worker.reaper import become_subreaper, build_id_base, pid_alive, sweep_orphans
-from worker.sandbox import Sandbox, startup_check
+from worker.sandbox.wrapper import Sandbox, startup_check
+from worker.supervision.reaper import become_subreaper, build_id_base, pid_alive, sweep_orphans
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -57,7 +57,7 @@ class BuildWorker(Worker):
     """An RQ worker that runs build requests only, doesn't retry failures another attempt
     can't fix, and says whether its loop ended because it was asked to stop.
 
-    Its jobs are :class:`~wheelhouse.buildjob.BuildJob` read as JSON: a job that names
+    Its jobs are :class:`~wheelhouse.builds.job.BuildJob` read as JSON: a job that names
     another function, or whose arguments aren't a valid build request, fails as
     ``refused-job`` without anything it names being imported. Jobs are enqueued with one
     retry, for a job abandoned by a worker that died; a compile error, a timeout or an

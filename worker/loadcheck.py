@@ -213,7 +213,7 @@ def library_step(archive_path: str, stream: IO[bytes]) -> tuple[Step, bool]:
 def recipe_step(text: str) -> Step:
     """A recipe's ``load_check`` entry: a dotted module name, imported.
 
-    Recipes are data and never run code (``wheelhouse.recipes`` refuses anything but module
+    Recipes are data and never run code (``wheelhouse.recipes.book`` refuses anything but module
     names), so no entry becomes a statement.
     """
     text = text.strip()

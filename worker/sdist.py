@@ -1,7 +1,8 @@
 """Fetch a project's sdist from the upstream simple index or from storage and verify its hash.
 
 The worker only moves an sdist as opaque bytes (hashed, size-capped); unpacking it is a parse of
-the attacker's bytes and runs in the sandbox (:func:`worker.untrusted.unpack`, never called by
+the attacker's bytes and runs in the sandbox (:func:`worker.sandbox.untrusted.unpack`, never called
+by
 the worker itself; :class:`SdistLimits` is re-exported here)."""
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from wheelhouse.errors import (
     StorageUnavailable,
     UpstreamUnavailable,
 )
-from wheelhouse.layout import source_key
-from wheelhouse.storage import Storage
-from wheelhouse.upstream import ProjectFile, fetch_project
-from worker.untrusted import SdistLimits
+from wheelhouse.index.layout import source_key
+from wheelhouse.index.storage import Storage
+from wheelhouse.index.upstream import ProjectFile, fetch_project
+from worker.sandbox.untrusted import SdistLimits
 
 __all__ = ["MAX_SDIST_BYTES", "SdistLimits", "download_sdist", "fetch_stored_sdist",
            "find_sdist"]

@@ -20,11 +20,11 @@ from redis import Redis
 from tests.helpers import clean_env, make_venv, make_wheel, run_worker, start_index
 from tests.web.buildhelpers import advertise_worker
 from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS
+from wheelhouse.builds.fleet import live_workers
 from wheelhouse.config import Config
-from wheelhouse.fleet import live_workers
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
-from wheelhouse.tokens import create_token
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
+from wheelhouse.index.tokens import create_token
 from wheelhouse.variants import parse_variant
 
 CHROMIUM = "/usr/bin/chromium"
@@ -277,8 +277,8 @@ def test_a_build_past_its_last_compile_step_is_finishing(
     """The live page never says "about 0 s left" or "100%" before the end: it follows the
     worker's progress without a reload and says "finishing" once every compile step is done."""
     from tests.helpers import build_job
-    from wheelhouse.buildspec import BuildSpec
-    from wheelhouse.queue import enqueue_build
+    from wheelhouse.builds.queue import enqueue_build
+    from wheelhouse.builds.spec import BuildSpec
 
     conn = Redis.from_url(redis_url)
     spec = BuildSpec.create("cudaext", "0.1.0", python="3.11", torch="2.8", cuda="12.8")
@@ -312,7 +312,7 @@ def test_an_html_only_upstream_and_stable_abi_wheels(
     """The request form lists the versions of an upstream that serves PEP 503 HTML only, and
     the matrix shows abi3 and py3-none-any wheels in every Python column they install into."""
     from tests.helpers import QuietHandler, serve_http
-    from wheelhouse.buildspec import KNOWN_PYTHONS
+    from wheelhouse.builds.spec import KNOWN_PYTHONS
 
     class HtmlOnly(QuietHandler):
         def do_GET(self) -> None:

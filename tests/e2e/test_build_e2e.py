@@ -30,17 +30,17 @@ import redis
 from tests.e2e.conftest import venv_with_torch
 from tests.helpers import clean_env, config_env, start_index
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist
-from wheelhouse import queue as q
-from wheelhouse import stats
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds import queue as q
+from wheelhouse.builds import stats
+from wheelhouse.builds.fleet import build_id_prefix, live_workers
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, UnservableSpec
-from wheelhouse.fleet import build_id_prefix, live_workers
-from wheelhouse.storage import open_storage
+from wheelhouse.index.storage import open_storage
 from worker.build import run_build
 from worker.events import BuildEvent, LogLines, Reporter
-from worker.reaper import BUILD_ID_ENV, build_id_base, sweep_orphans
 from worker.steps.publish import log_key
+from worker.supervision.reaper import BUILD_ID_ENV, build_id_base, sweep_orphans
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 
@@ -324,7 +324,7 @@ def test_flash_attn_sdist_build_starts_and_is_stopped(tmp_path: Path) -> None:
 def test_flash_attn_2_8_3_with_torch_2_14_is_incompatible_in_one_line(tmp_path: Path) -> None:
     """flash-attn 2.8.3 compiles as C++17; torch 2.14's headers need C++20. Without the recipe's
     patch (a recipe directory whose flash-attn recipe lacks it), the probe says so."""
-    from wheelhouse.recipes import BUILTIN_DIR
+    from wheelhouse.recipes.book import BUILTIN_DIR
 
     recipes = tmp_path / "recipes"
     recipes.mkdir()

@@ -19,9 +19,9 @@ import pytest
 import requests
 
 from tests.helpers import IndexURL, make_wheel, start_index
-from wheelhouse.catalog import Record
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.publish import publish
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"
@@ -39,7 +39,7 @@ def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _publish(config: Config, wheel_dir: Path) -> tuple[Record, bytes]:
-    from wheelhouse.storage import open_storage
+    from wheelhouse.index.storage import open_storage
 
     wheel = next(wheel_dir.glob("*.whl"))
     record = publish(open_storage(config), wheel, parse_variant(VARIANT))

@@ -25,10 +25,10 @@ import requests
 
 from tests.helpers import build_job, fake_cuda_toolkit, run_worker, start_index
 from tests.worker.conftest import FIXTURES, TORCH_FIND_LINKS, build_config, make_sdist
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.fanout import part_spec, request_id
-from wheelhouse.fleet import live_workers
-from wheelhouse.tokens import create_token
+from wheelhouse.builds.fanout import part_spec, request_id
+from wheelhouse.builds.fleet import live_workers
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.index.tokens import create_token
 
 pytestmark = [
     pytest.mark.sandbox,

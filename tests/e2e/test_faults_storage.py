@@ -28,11 +28,11 @@ import pytest
 import requests
 
 from tests.helpers import IndexURL, free_port, make_wheel, run_console, start_index, wait_for_port
-from wheelhouse.catalog import Record
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import S3Storage, make_s3_client, open_storage
 from wheelhouse.retry import S3_REQUESTS
-from wheelhouse.storage import S3Storage, make_s3_client, open_storage
 from wheelhouse.variants import parse_variant
 
 pytestmark = pytest.mark.slow

@@ -41,11 +41,11 @@ from tests.helpers import (
     wait_for_port,
 )
 from tests.worker.conftest import TORCH_FIND_LINKS, build_config, hostile_sdist
-from wheelhouse import queue as q
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.fleet import live_workers
-from wheelhouse.storage import make_s3_client
-from worker.sandbox import Sandbox
+from wheelhouse.builds import queue as q
+from wheelhouse.builds.fleet import live_workers
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.index.storage import make_s3_client
+from worker.sandbox.wrapper import Sandbox
 from worker.steps.publish import log_key
 
 pytestmark = [

@@ -13,8 +13,8 @@ import requests
 
 from tests.helpers import clean_env, make_venv, make_wheel, start_index
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.14-cu130"

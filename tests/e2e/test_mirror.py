@@ -31,9 +31,9 @@ from tests.helpers import (
     start_index,
     wait_until,
 )
-from wheelhouse import layout
 from wheelhouse.config import Config
-from wheelhouse.storage import open_storage
+from wheelhouse.index import layout
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 from worker.steps.venv import index_args
 
@@ -329,8 +329,8 @@ def test_eviction_keeps_the_budget(site: Site) -> None:
 def test_mirror_command_primes_the_cache(site: Site) -> None:
     with start_index(site.config, site.tmp) as index:
         done = subprocess.run(
-            [sys.executable, "-c", "from wheelhouse.cli import main; "
-             "from wheelhouse.cli_mirror import mirror; main.add_command(mirror); main()",
+            [sys.executable, "-c", "from wheelhouse.cli.main import main; "
+             "from wheelhouse.cli.mirror import mirror; main.add_command(mirror); main()",
              "mirror", "torch==2.14.*", "--cuda", "13.0", "--python", "3.11",
              "--server", index], env=clean_env(PYTHONPATH=os.environ.get("PYTHONPATH", "")),
             capture_output=True, text=True, timeout=300)

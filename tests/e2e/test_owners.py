@@ -29,10 +29,10 @@ from tests.helpers import (
     start_index,
 )
 from wheelhouse.config import Config
-from wheelhouse.layout import owner_key
-from wheelhouse.manage import audit_entries
-from wheelhouse.storage import open_storage
-from wheelhouse.tokens import create_token
+from wheelhouse.index.layout import owner_key
+from wheelhouse.index.manage import audit_entries
+from wheelhouse.index.storage import open_storage
+from wheelhouse.index.tokens import create_token
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.14-cu130"

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from tests.helpers import IndexURL, start_index
 from tests.web.buildhelpers import advertise_worker
 from wheelhouse.config import Config
+from wheelhouse.index.tokens import create_token
 from wheelhouse.redisconn import queue_client
-from wheelhouse.tokens import create_token
 
 #: Seconds a request may take before it counts as a hang.
 ANSWER_WITHIN = 10.0

@@ -26,13 +26,13 @@ from tests.helpers import (
     serve_http,
     start_index,
 )
+from wheelhouse.builds.fleet import live_workers
 from wheelhouse.config import Config
-from wheelhouse.fleet import live_workers
-from wheelhouse.publish import publish
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
+from wheelhouse.index.tokens import create_token
 from wheelhouse.redisconn import queue_client
 from wheelhouse.retry import QUEUE_COMMANDS
-from wheelhouse.storage import open_storage
-from wheelhouse.tokens import create_token
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"

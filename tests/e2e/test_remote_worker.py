@@ -9,11 +9,11 @@ from pathlib import Path
 
 from tests.conftest import TLSRedis
 from tests.helpers import fake_cuda_toolkit, run_console, run_worker
-from wheelhouse import queue as q
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds import queue as q
+from wheelhouse.builds.fleet import live_workers
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import FailureKind
-from wheelhouse.fleet import live_workers
 from wheelhouse.redisconn import connect
 
 SPEC = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.8", cuda="12.8")

@@ -22,17 +22,17 @@ from redis import Redis
 from tests.helpers import run_console, start_index
 from tests.web.buildhelpers import advertise_worker, token
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.queue import fetch_job, get_build
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
-from wheelhouse.layout import source_key
-from wheelhouse.queue import fetch_job, get_build
+from wheelhouse.index.layout import source_key
+from wheelhouse.index.storage import open_storage
 from wheelhouse.retry import BUILD_STEPS
-from wheelhouse.storage import open_storage
 from worker.events import Reporter
-from worker.runner import Runner
 from worker.steps.context import BuildContext
 from worker.steps.source import unpacked
+from worker.supervision.runner import Runner
 
 REQUEST = ("--torch", "2.14", "--cuda", "13.0", "--python", "3.11")
 

@@ -40,8 +40,8 @@ from tests.helpers import (
 )
 from tests.worker.conftest import FIXTURE_RECIPES, TORCH_FIND_LINKS
 from wheelhouse.config import Config
+from wheelhouse.index.tokens import create_token
 from wheelhouse.localredis import socket_path
-from wheelhouse.tokens import create_token
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 

@@ -23,8 +23,8 @@ import requests
 
 from tests.helpers import IndexURL, make_wheel, start_index
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
-from wheelhouse.storage import LocalStorage
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import LocalStorage
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"

@@ -31,9 +31,9 @@ from tests.helpers import (
     start_index,
 )
 from wheelhouse.config import Config
-from wheelhouse.manage import audit_entries
-from wheelhouse.storage import open_storage
-from wheelhouse.tokens import create_token
+from wheelhouse.index.manage import audit_entries
+from wheelhouse.index.storage import open_storage
+from wheelhouse.index.tokens import create_token
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.14-cu130"

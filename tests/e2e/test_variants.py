@@ -29,8 +29,8 @@ import requests
 from tests.helpers import IndexURL, clean_env, make_venv, make_wheel, start_index
 from wheelhouse.config import Config
 from wheelhouse.devicecode import library_device_code
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 pytestmark = [pytest.mark.nvcc,

@@ -26,11 +26,11 @@ import requests
 
 from tests.helpers import build_job, run_worker, start_index
 from tests.worker.conftest import build_config
-from wheelhouse import queue as q
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds import queue as q
+from wheelhouse.builds.fleet import build_id_prefix, live_workers
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
-from wheelhouse.fleet import build_id_prefix, live_workers
-from worker.reaper import BUILD_ID_ENV, build_id_base
+from worker.supervision.reaper import BUILD_ID_ENV, build_id_base
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
 

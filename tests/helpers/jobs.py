@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from redis import Redis
 
-    from wheelhouse.buildjob import BuildJob
+    from wheelhouse.builds.job import BuildJob
 
 
 
 def build_job(conn: Redis, job_id: str) -> BuildJob:
     """The build job ``job_id`` as wheelhouse reads it (JSON); it must exist."""
-    from wheelhouse.queue import fetch_job
+    from wheelhouse.builds.queue import fetch_job
 
     job = fetch_job(conn, job_id)
     assert job is not None, f"no job {job_id} in Redis"

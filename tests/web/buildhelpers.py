@@ -11,9 +11,9 @@ from flask.testing import FlaskClient
 from redis import Redis
 
 from web import create_app
+from wheelhouse.builds.fleet import ToolkitInfo, WorkerAd, advertise
 from wheelhouse.config import Config
-from wheelhouse.fleet import ToolkitInfo, WorkerAd, advertise
-from wheelhouse.tokens import create_token
+from wheelhouse.index.tokens import create_token
 
 #: One build request the fleet advertised by :func:`advertise_worker` can serve.
 GOOD = {"project": "flash-attn", "version": "2.8.3", "torch": "2.8", "cuda": "12.8",
@@ -58,7 +58,7 @@ def close_redis(app: Flask) -> None:
 def advertise_worker(conn: Redis, *, cuda: str = "12.8", machine: str = "x86_64",
                      name: str = "gpu-1", ttl: float = 120) -> WorkerAd:
     """Advertise a worker the way ``wheelhouse worker`` does (the fleet's real Redis keys)."""
-    from wheelhouse.fleet import queues_for
+    from wheelhouse.builds.fleet import queues_for
 
     ad = WorkerAd(name=name, hostname="gpu-host", machine=machine, cores=64,
                   memory_bytes=512 * 1024**3,

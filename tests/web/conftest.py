@@ -14,11 +14,11 @@ from redis import Redis
 from tests.helpers import free_port, make_wheel
 from tests.web.buildhelpers import advertise_worker, close_made_apps, close_redis, make_app
 from web import create_app
-from wheelhouse.catalog import Record
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import LocalStorage, S3Storage, Storage, make_s3_client, open_storage
 from wheelhouse.retry import RetryPolicy
-from wheelhouse.storage import LocalStorage, S3Storage, Storage, make_s3_client, open_storage
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"

@@ -13,12 +13,12 @@ from tests.helpers import make_wheel
 from tests.web.buildhelpers import bearer, close_redis, csrf_of, make_app, sign_in, token
 from web.services import services
 from wheelhouse.config import Config
-from wheelhouse.manage import audit_entries
-from wheelhouse.ownership import Publisher
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
-from wheelhouse.tokens import create_token
-from wheelhouse.upload import accept
+from wheelhouse.index.manage import audit_entries
+from wheelhouse.index.ownership import Publisher
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
+from wheelhouse.index.tokens import create_token
+from wheelhouse.index.upload import accept
 from wheelhouse.variants import parse_variant
 
 V = parse_variant("torch2.14-cu130")

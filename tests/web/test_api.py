@@ -13,10 +13,10 @@ from redis import Redis
 
 from tests.helpers import QuietHandler, free_port, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, token
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.layout import source_key
-from wheelhouse.publish import publish
-from wheelhouse.queue import BuildState, append_log, get_build
+from wheelhouse.builds.queue import BuildState, append_log, get_build
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.index.layout import source_key
+from wheelhouse.index.publish import publish
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_torch_and_cuda_are_checked_before_a_build_queues(
         redis_url: str, tmp_path: Path, conn: Redis, tok: str) -> None:
     """Issue 21: a torch version the torch index lacks is refused in one line, nothing queued;
     an index that does not answer is said, and the build queued unchecked."""
-    from tests.wheelhouse.test_torchindex import FakeTorchIndex
+    from tests.wheelhouse.builds.test_torchindex import FakeTorchIndex
 
     with serve_http(FakeTorchIndex) as index:
         client = make_app(redis_url, tmp_path, torch_check=True,
@@ -176,7 +176,7 @@ def test_workers_say_why_a_version_is_not_offered(queue_client: FlaskClient, con
     (the form: ``test_pages``)."""
     from dataclasses import replace
 
-    from wheelhouse.fleet import advertise
+    from wheelhouse.builds.fleet import advertise
 
     ad = advertise_worker(conn, name="gpu-2")
     why = "no CUDA 13.0 release at http://mirror/ (no redistrib_13.0.0.json)"
@@ -442,7 +442,7 @@ def test_the_configured_build_timeout_reaches_every_job_the_api_and_form_queue(
     got the queue's default of four hours."""
     from tests.helpers import build_job
     from tests.web.buildhelpers import sign_in
-    from wheelhouse.queue import RQ_TIMEOUT_MARGIN
+    from wheelhouse.builds.queue import RQ_TIMEOUT_MARGIN
 
     advertise_worker(conn)
     client = make_app(redis_url, tmp_path, build_timeout=1234).test_client()

@@ -22,12 +22,12 @@ from tests.web.buildhelpers import (
     sign_in,
     token,
 )
-from wheelhouse.cli import main
+from wheelhouse.cli.main import main
 from wheelhouse.config import Config
 from wheelhouse.errors import TokenError
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
-from wheelhouse.tokens import (
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
+from wheelhouse.index.tokens import (
     create_token,
     digest,
     list_tokens,

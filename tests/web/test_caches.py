@@ -13,8 +13,8 @@ from web import create_app
 from web.caches import MetadataCache, Page, PageCache
 from web.services import services
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 

@@ -16,11 +16,11 @@ from rq import Queue
 
 from tests.helpers import make_wheel, start_index
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, sign_in, token
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.fanout import load_request, part_spec, request_id
+from wheelhouse.builds.queue import BuildState, get_build
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
-from wheelhouse.fanout import load_request, part_spec, request_id
-from wheelhouse.publish import publish
-from wheelhouse.queue import BuildState, get_build
+from wheelhouse.index.publish import publish
 
 TWO = {**GOOD, "archs": ["sm80", "sm90"]}
 #: The request TWO makes for Python 3.11, before it is split.

@@ -14,8 +14,8 @@ from tests.web.test_simple import UV_ACCEPT
 from web.errors import CATALOG_HEADER
 from web.fastpath import CachedPages
 from web.guard import RequestGuard
-from wheelhouse.catalog import Record
 from wheelhouse.errors import StorageError
+from wheelhouse.index.catalog import Record
 
 COMPARED = ("ETag", "Cache-Control", "Vary", "Content-Type", "Content-Length", "Location")
 
@@ -81,7 +81,7 @@ def test_a_new_publication_is_not_hidden(app: Flask, client: FlaskClient,
     path = f"/{VARIANT}/simple/demo-ext/"
     client.get(path)
     assert _direct(app, path, {}) is not None
-    from wheelhouse.publish import bump_generation
+    from wheelhouse.index.publish import bump_generation
 
     bump_generation(app.extensions["wheelhouse"].storage)
     assert _direct(app, path, {}) is None  # new generation: Flask renders again
@@ -92,7 +92,7 @@ def test_cached_redirects_follow_the_hosting_rule(app: Flask, client: FlaskClien
     """The fast path answers only what the view cached: a project's upstream redirect is gone
     with its first publication (any variant), and a hosted project's 404 is never cached."""
     from tests.helpers import make_wheel
-    from wheelhouse.publish import publish
+    from wheelhouse.index.publish import publish
     from wheelhouse.variants import parse_variant
 
     path = f"/{VARIANT}/simple/newext/"
@@ -185,7 +185,7 @@ def test_storage_down_at_start_up_answers_503_until_it_returns(
     """The server starts, answers what needs no catalog, and 503 (with a message, never a
     redirect upstream or a 500) for what does, on the fast path too; then recovers alone."""
     from web import create_app
-    from wheelhouse.storage import open_storage
+    from wheelhouse.index.storage import open_storage
 
     storage = open_storage(app_config)
     outage = Outage(storage, tmp_path)

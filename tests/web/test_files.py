@@ -13,10 +13,10 @@ from flask.testing import FlaskClient
 
 from tests.helpers import make_wheel
 from tests.web.conftest import VARIANT, Outage
-from wheelhouse.catalog import CATCH_UP, Record
 from wheelhouse.config import Config
-from wheelhouse.layout import wheel_key
-from wheelhouse.storage import open_storage
+from wheelhouse.index.catalog import CATCH_UP, Record
+from wheelhouse.index.layout import wheel_key
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 
@@ -232,7 +232,7 @@ def test_a_file_another_worker_just_listed_is_served(app_config: Config, tmp_pat
     worker_b = create_app(app_config.replace(catalog_refresh_seconds=3600)).test_client()
     assert worker_b.get(_url(published[0])).status_code == 200  # B has read the catalog
     w = make_wheel(tmp_path / "new", "demo-ext", "2.0+cu128torch2.8")
-    from wheelhouse.publish import publish
+    from wheelhouse.index.publish import publish
 
     record = publish(open_storage(app_config), w, parse_variant(VARIANT))
     assert record.filename in worker_a.get(f"/{VARIANT}/simple/demo-ext/").get_data(as_text=True)

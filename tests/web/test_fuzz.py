@@ -37,8 +37,8 @@ from tests.web.buildhelpers import (
     sign_in,
     token,
 )
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 #: Generated requests per route (about 600 in all); raise it locally to search harder.

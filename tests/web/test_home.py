@@ -20,10 +20,10 @@ from setuptools import find_packages
 from tests.helpers import make_wheel
 from tests.web.buildhelpers import make_app
 from web import create_app
-from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 

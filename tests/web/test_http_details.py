@@ -12,8 +12,8 @@ from flask.testing import FlaskClient
 
 from tests.web.conftest import VARIANT
 from web import create_app
-from wheelhouse.catalog import Record
 from wheelhouse.config import Config
+from wheelhouse.index.catalog import Record
 
 
 @pytest.fixture

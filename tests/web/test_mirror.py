@@ -16,10 +16,10 @@ from tests.helpers import QuietHandler, make_wheel, serve_http
 from web import create_app
 from web.cli import through_own_cache
 from web.simple import UPSTREAM_HEADER
-from wheelhouse import layout
-from wheelhouse.catalog import Record
 from wheelhouse.config import Config
-from wheelhouse.storage import open_storage
+from wheelhouse.index import layout
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.storage import open_storage
 
 VARIANT = "torch2.8-cu128"
 

@@ -12,11 +12,11 @@ from tests.helpers import make_wheel
 from tests.web.buildhelpers import advertise_worker, make_app
 from tests.worker.conftest import FIXTURE_RECIPES
 from web.onmiss import installer_python
-from wheelhouse import queue as q
-from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.builds import queue as q
+from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"

@@ -10,8 +10,8 @@ from flask.testing import FlaskClient
 from tests.helpers import start_index
 from tests.web.conftest import VARIANT
 from web import create_app
-from wheelhouse.catalog import Record
 from wheelhouse.config import Config
+from wheelhouse.index.catalog import Record
 
 
 def test_healthz(client: FlaskClient) -> None:
@@ -56,9 +56,9 @@ def test_request_id_is_returned_and_sanitized(client: FlaskClient) -> None:
 def test_metrics_merge_across_gunicorn_workers(tmp_path: Path, redis_url: str) -> None:
     """Under 4 gunicorn processes, /metrics counts every process's requests."""
     from tests.helpers import make_wheel
-    from wheelhouse.publish import publish
-    from wheelhouse.stats import record_build
-    from wheelhouse.storage import open_storage
+    from wheelhouse.builds.stats import record_build
+    from wheelhouse.index.publish import publish
+    from wheelhouse.index.storage import open_storage
     from wheelhouse.variants import parse_variant
 
     config = Config(storage=str(tmp_path / "data"), redis_url=redis_url, upstream="off")

@@ -20,14 +20,14 @@ from rq.job import JobStatus
 
 from tests.helpers import QuietHandler, build_job, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, sign_in, token
-from wheelhouse.buildfacts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.catalog import Record
-from wheelhouse.fleet import advertise
-from wheelhouse.layout import GENERATION_KEY, record_key
+from wheelhouse.builds.facts import AppliedPatch, BuildFacts, CompileCacheStats, MaxJobs
+from wheelhouse.builds.fleet import advertise
+from wheelhouse.builds.queue import append_log, enqueue_build, record_requester
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.layout import GENERATION_KEY, record_key
+from wheelhouse.index.publish import publish
 from wheelhouse.provenance import attest, ca, predicates
-from wheelhouse.publish import publish
-from wheelhouse.queue import append_log, enqueue_build, record_requester
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
 
 
@@ -678,7 +678,7 @@ def test_the_form_builds_an_uploaded_sdist_and_refuses_an_impersonating_one(
     import io
 
     from tests.web.buildhelpers import make_app
-    from wheelhouse.layout import source_key
+    from wheelhouse.index.layout import source_key
 
     advertise_worker(conn)
     app = make_app(redis_url, tmp_path, allowed_projects="own-ext")  # upstream off

@@ -19,10 +19,10 @@ from redis import Redis
 from tests.helpers import make_wheel
 from tests.web.buildhelpers import bearer, make_app, token
 from web.services import services
-from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.layout import Record
+from wheelhouse.builds.facts import BuildFacts
+from wheelhouse.index.layout import Record
+from wheelhouse.index.publish import publish
 from wheelhouse.provenance import attest, ca, predicates
-from wheelhouse.publish import publish
 from wheelhouse.variants import parse_variant
 from wheelhouse.wheels import sha256_file
 

@@ -24,10 +24,10 @@ from tests.web.buildhelpers import (
 )
 from web import create_app
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
+from wheelhouse.index.tokens import create_token
 from wheelhouse.redisconn import QueueClient, queue_client
-from wheelhouse.storage import open_storage
-from wheelhouse.tokens import create_token
 from wheelhouse.variants import parse_variant
 
 VARIANT = "torch2.8-cu128"

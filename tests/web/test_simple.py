@@ -13,11 +13,11 @@ from pypi_simple import ACCEPT_JSON_PREFERRED, ProjectPage
 from tests.helpers import make_wheel
 from tests.web.conftest import VARIANT
 from web import create_app
-from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.catalog import Record
+from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.config import Config
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.catalog import Record
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 UV_ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
@@ -248,7 +248,7 @@ def test_a_recipe_project_without_a_wheel_is_a_404_with_a_request_link(
 def test_a_project_whose_records_vanish_stays_hosted(
         app_config: Config, tmp_path: Path) -> None:
     """An emptied bucket must not turn the index into a redirect to the public upstream."""
-    from wheelhouse.layout import RECORDS
+    from wheelhouse.index.layout import RECORDS
 
     app = create_app(app_config)
     client = app.test_client()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import pypi_sdist
-from wheelhouse.storage import ByteStream, ObjectInfo, Storage, Tagged
+from wheelhouse.index.storage import ByteStream, ObjectInfo, Storage, Tagged
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,9 @@ from tests.conftest import TLSRedis
 from tests.helpers import RedisProcess, run_console
 from wheelhouse.config import Config
 from wheelhouse.errors import QueueUnavailable, RedisSettingError
+from wheelhouse.index.tokens import list_tokens
 from wheelhouse.redisconn import QueueClient, connect, queue_client
 from wheelhouse.retry import QUEUE_COMMANDS
-from wheelhouse.tokens import list_tokens
 
 
 def _config(tls_redis: TLSRedis, **changes: object) -> Config:

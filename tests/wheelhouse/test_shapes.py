@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import make_wheel
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.fanout import SplitRequest
+from wheelhouse.builds.fleet import GpuInfo, ToolkitInfo, WorkerAd
+from wheelhouse.builds.meta import JobMeta
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
-from wheelhouse.fanout import SplitRequest
-from wheelhouse.fleet import GpuInfo, ToolkitInfo, WorkerAd
-from wheelhouse.jobmeta import JobMeta
-from wheelhouse.layout import Record
-from wheelhouse.ownership import Owners
-from wheelhouse.publish import publish
-from wheelhouse.storage import open_storage
+from wheelhouse.index.layout import Record
+from wheelhouse.index.ownership import Owners
+from wheelhouse.index.publish import publish
+from wheelhouse.index.storage import open_storage
 from wheelhouse.variants import parse_variant
 
 NEWER = {"field_from_the_future": {"nested": [1, 2]}, "another": "x"}

@@ -22,24 +22,24 @@ import pytest
 
 from tests.helpers import QuietHandler, fake_cuda_toolkit, free_port, run_console, serve_http
 from tests.worker.conftest import FIXTURES, build_config, make_sdist
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.fleet import ToolkitInfo
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, StorageUnavailable
-from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.layout import Record
+from wheelhouse.index.layout import Record
+from wheelhouse.index.storage import Storage, make_s3_client, open_storage
 from wheelhouse.provenance import attest, ca
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
-from wheelhouse.storage import Storage, make_s3_client, open_storage
 from worker.build import BuildResult, run_build
 from worker.cli import parse_target
 from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Reporter
 from worker.failures import classify_log, with_retries
-from worker.reaper import BUILD_ID_ENV, build_id_base
-from worker.runner import UNSANDBOXED
-from worker.sandbox import Sandbox
+from worker.sandbox.untrusted import extension_modules, unpack
+from worker.sandbox.wrapper import Sandbox
 from worker.sdist import download_sdist, find_sdist
 from worker.steps.publish import log_key
-from worker.untrusted import extension_modules, unpack
+from worker.supervision.reaper import BUILD_ID_ENV, build_id_base
+from worker.supervision.runner import UNSANDBOXED
 
 FA = BuildSpec.create("flash-attn", "2.8.3", python="3.11", torch="2.14", cuda="13.0")
 
@@ -350,10 +350,11 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
         assert all(line.split()[2] == "[sandbox]" for line in python_steps)
         uid = claimed if os.geteuid() == 0 else os.getuid()
         assert f"cext: building as uid {uid} with HOME={tmp_path / 'work'}/" in head
-    # Every parse of the sdist and the wheel ran in the sandbox (worker.untrusted): the unpack
+    # Every parse of the sdist and the wheel ran in the sandbox (worker.sandbox.untrusted): the
+    # unpack
     # and the wheel's check, which also installed it for the load check; no installer of the
     # worker's touched the wheel.
-    untrusted = [line for line in ran if "from worker.untrusted import main" in line]
+    untrusted = [line for line in ran if "from worker.sandbox.untrusted import main" in line]
     where = "[sandbox]" if sandbox is not None else "[unsandboxed]"
     assert [line.split()[2] for line in untrusted] == [where, where]
     assert [json.loads(line[line.index(' {"'):])["op"] for line in untrusted] == [

@@ -14,12 +14,12 @@ from packaging.metadata import Metadata
 
 from tests.helpers import run_console
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvcc
-from wheelhouse.buildspec import BuildSpec
-from wheelhouse.catalog import Catalog
+from wheelhouse.builds.maxjobs import learned_job_peaks
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
-from wheelhouse.maxjobs import learned_job_peaks
+from wheelhouse.index.catalog import Catalog
+from wheelhouse.index.storage import open_storage
 from wheelhouse.provenance import attest, ca
-from wheelhouse.storage import open_storage
 from worker.build import run_build
 from worker.steps.publish import log_key
 
@@ -91,7 +91,7 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
     assert list(learned) == [1] and learned[1] == [build.peak_job_bytes]
     assert build.device_code is not None and build.sass_archs == ["80"]
     assert build.patches == ()  # the fixture's recipe has none
-    # Its variant form (made in the sandbox by worker.untrusted) was published beside it.
+    # Its variant form (made in the sandbox by worker.sandbox.untrusted) was published beside it.
     forms = [o.key.rsplit("/", 1)[1] for o in storage.list("records/torch2.14-cu130/cudaext/")
              if o.key != f"records/torch2.14-cu130/cudaext/{record.filename}.json"]
     assert forms == ["cudaext-0.1.0+pt214-cp311-cp311-linux_x86_64-cu130sm80.whl.json"], forms

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from wheelhouse.buildfacts import MaxJobs
+from wheelhouse.builds.facts import MaxJobs
+from wheelhouse.builds.fleet import ToolkitInfo
 from wheelhouse.errors import BuildFailed, FailureKind
-from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.recipes import load_recipe
+from wheelhouse.recipes.book import load_recipe
 from wheelhouse.variants import Variant
 from worker.buildenv import compile_env, install_env, sanitized_env
 

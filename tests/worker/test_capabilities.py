@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelhouse.fleet import queues_for
+from wheelhouse.builds.fleet import queues_for
 from worker.capabilities import discover, discover_toolkits, nvcc_version, parse_nvidia_smi
 
 
@@ -82,7 +82,7 @@ def test_this_host() -> None:
 def test_a_worker_advertises_the_toolkits_it_provisioned(tmp_path: Path) -> None:
     """Issue 13: a host with only CUDA 12.8 serves 13.x too once it provisioned that toolkit;
     a provisioned toolkit under the toolkit root is found like any (issue 21: and only then)."""
-    from wheelhouse.fleet import WorkerAd
+    from wheelhouse.builds.fleet import WorkerAd
 
     root = tmp_path / "root"
     fake_toolkit(root / "cuda-12.8", "12.8.93")

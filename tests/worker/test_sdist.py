@@ -14,10 +14,10 @@ import pytest
 
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
-from wheelhouse.layout import source_key
-from wheelhouse.storage import LocalStorage
+from wheelhouse.index.layout import source_key
+from wheelhouse.index.storage import LocalStorage
+from worker.sandbox.untrusted import unpack
 from worker.sdist import SdistLimits, fetch_stored_sdist
-from worker.untrusted import unpack
 
 MiB = 1 << 20
 SETUP = b"from setuptools import setup\nsetup()\n"

@@ -1,7 +1,7 @@
 """What an attestation says: a build's SLSA Provenance v1, or the index's record of an upload.
 
 The build predicate is made from what the worker already holds (the spec, the build's
-:class:`~wheelhouse.buildfacts.BuildFacts`, the signer's name), never from the wheel's bytes:
+:class:`~wheelhouse.builds.facts.BuildFacts`, the signer's name), never from the wheel's bytes:
 the worker's root process does not parse what a build produced (docs/security.md).
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from wheelhouse.buildfacts import BuildFacts
+from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.variants import Variant
 
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"

@@ -3,7 +3,8 @@ requested architecture, names its patches, and each library loads the way its pa
 
 The built wheel is the attacker's bytes, so every parse of it (the zip and RECORD, relabelling,
 the patch note, ELF sections, the variant form, installing it for the load check) runs in the
-sandbox (:mod:`worker.untrusted`, the ``wheel`` operation). What comes back is a report and files;
+sandbox (:mod:`worker.sandbox.untrusted`, the ``wheel`` operation). What comes back is a report and
+files;
 the worker copies the files out by descriptor, hashes them, and re-checks what it relies on:
 names, versions and tags by their file names, METADATA within a byte cap, the device code and
 the load plan as plain data of a known shape.
@@ -18,22 +19,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from wheelhouse.buildfacts import AppliedPatch
+from wheelhouse.builds.facts import AppliedPatch
 from wheelhouse.errors import BuildFailed, FailureKind, InvalidWheel, UnsafePath
-from wheelhouse.publish import Checked, CheckedVariant
-from wheelhouse.variantwheels import label_for, sass_archs, variant_filename
+from wheelhouse.index.publish import Checked, CheckedVariant
+from wheelhouse.index.variantwheels import label_for, sass_archs, variant_filename
 from wheelhouse.wheels import (
     MAX_METADATA_BYTES,
     MAX_UNPACKED_BYTES,
     consistent_metadata,
     parse_name,
 )
-from worker import devicecode, loadcheck, safefs
+from worker import devicecode, loadcheck
 from worker.buildenv import sanitized_env
-from worker.runner import Runner
-from worker.sandbox import GIB, MAX_WHEEL_BYTES
+from worker.sandbox import safefs
+from worker.sandbox.wrapper import GIB, MAX_WHEEL_BYTES
 from worker.steps.context import BuildContext
 from worker.steps.venv import BuildVenv
+from worker.supervision.runner import Runner
 
 _ARCH = re.compile(r"[0-9]{2,3}[af]?")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")

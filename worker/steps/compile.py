@@ -6,7 +6,7 @@ What the build wrote is hostile input to the worker. The places here that read o
 a build could write are single functions, called while none of its processes runs:
 :func:`read_cache_stats`, :func:`push_cache_entries`, :func:`prepare_attempt` (what the worker
 writes before an attempt, a retry's too) and :func:`take_wheel_out`; each goes through
-:mod:`worker.safefs` (by descriptor, never by path; docs/security.md, "The sandbox's edge").
+:mod:`worker.sandbox.safefs` (by descriptor, never by path; docs/security.md, "The sandbox's edge").
 """
 
 from __future__ import annotations
@@ -19,26 +19,28 @@ from pathlib import Path
 
 import psutil
 
-from wheelhouse import layout
-from wheelhouse.buildfacts import CompileCacheStats, MaxJobs
+from wheelhouse.builds.facts import CompileCacheStats, MaxJobs
+from wheelhouse.builds.fleet import ToolkitInfo
+from wheelhouse.builds.maxjobs import GIB, decide, record_peaks, reserve_bytes
 from wheelhouse.errors import BuildFailed, FailureKind, WheelhouseError
-from wheelhouse.fleet import ToolkitInfo
-from wheelhouse.maxjobs import GIB, decide, record_peaks, reserve_bytes
+from wheelhouse.index import layout
+from wheelhouse.index.storage import LocalStorage
 from wheelhouse.retry import OOM_COMPILE
-from wheelhouse.storage import LocalStorage
-from worker import compilecache, safefs
+from worker import compilecache
 from worker.buildenv import compile_env
 from worker.capabilities import nvcc_version, usable_cores
 from worker.failures import classify_log
-from worker.governor import was_oom_killed
-from worker.runner import Periodic, Runner
-from worker.sandbox import take_wheel
+from worker.sandbox import safefs
+from worker.sandbox.wrapper import take_wheel
 from worker.steps.context import BuildContext
 from worker.steps.venv import BuildVenv
+from worker.supervision.governor import was_oom_killed
+from worker.supervision.runner import Periodic, Runner
 
 
 def choose_max_jobs(ctx: BuildContext, override: int | None) -> MaxJobs:
-    """RAM-aware MAX_JOBS (:func:`wheelhouse.maxjobs.decide`), or the caller's ``override``."""
+    """RAM-aware MAX_JOBS (:func:`wheelhouse.builds.maxjobs.decide`), or the caller's
+    ``override``."""
     mem = psutil.virtual_memory()
     reserve = int(ctx.config.build_reserve_gib * GIB) or None
     jobs = decide(ctx.storage, recipe=ctx.recipe.name, project=ctx.spec.project,
@@ -135,14 +137,15 @@ def take_wheel_out(ctx: BuildContext, dist: Path) -> Path:
     """Copy the one wheel the compile left in ``dist`` to where the worker owns it.
 
     The sandbox's processes are all dead: only now is what it left read, and only a copy of
-    one regular file leaves (:func:`worker.sandbox.take_wheel`).
+    one regular file leaves (:func:`worker.sandbox.wrapper.take_wheel`).
     """
     return take_wheel(dist, ctx.workspace / "out")
 
 
 def learn_peaks(ctx: BuildContext, peaks: tuple[int, ...]) -> None:
     """Store the compile jobs' peak memory, so the next MAX_JOBS for this project knows it
-    (``peaks``: the compilers' own, :attr:`worker.governor.MemoryGovernor.compile_peaks`)."""
+    (``peaks``: the compilers' own,
+    :attr:`worker.supervision.governor.MemoryGovernor.compile_peaks`)."""
     if not peaks:
         return
     try:

@@ -10,15 +10,15 @@ from typing import TypeVar
 
 from uv import find_uv_bin
 
-from wheelhouse.buildfacts import BuildFacts
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.facts import BuildFacts
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
-from wheelhouse.recipes import Recipe, load_recipe, recipe_dirs
+from wheelhouse.index.storage import Storage
+from wheelhouse.recipes.book import Recipe, load_recipe, recipe_dirs
 from wheelhouse.retry import RetryPolicy
-from wheelhouse.storage import Storage
-from worker.buildlog import MIB, BuildLog
 from worker.events import Journal, Reporter
 from worker.failures import with_retries
+from worker.supervision.buildlog import MIB, BuildLog
 
 T = TypeVar("T")
 
@@ -36,7 +36,8 @@ class BuildContext:
     storage: Storage
     recipe: Recipe
     build_id: str
-    """Unique to this build (:func:`worker.reaper.unique_build_id`): it names the workspace."""
+    """Unique to this build (:func:`worker.supervision.reaper.unique_build_id`): it names the
+    workspace."""
     workspace: Path
     source_root: Path
     """Where the sdist is unpacked: one path per project version on this host

@@ -1,4 +1,4 @@
-"""The publish step: the checked wheel into storage (:func:`wheelhouse.publish.publish`) with
+"""The publish step: the checked wheel into storage (:func:`wheelhouse.index.publish.publish`) with
 what the build measured and its signed provenance, and the build's log beside its record.
 
 The provenance is made from what this process already holds (the spec, the journal's facts,
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from wheelhouse import layout
-from wheelhouse.buildspec import BuildSpec
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import AlreadyPublished, BuildFailed, FailureKind, InvalidWheel
-from wheelhouse.layout import Record
+from wheelhouse.index import layout
+from wheelhouse.index.layout import Record
+from wheelhouse.index.publish import Signer, publish_checked
 from wheelhouse.provenance import attest, ca, predicates
-from wheelhouse.publish import Signer, publish_checked
 from wheelhouse.retry import LOG_UPLOAD
 from worker.failures import with_retries
 from worker.steps.checks import CheckedWheel

@@ -1,6 +1,6 @@
 """The source step: the sdist fetched (hash verified) or given, unpacked within limits at this
 host's one path for the project version, under a lock, with the recipe's patches applied; the
-unpack and the patches run in the sandbox (:mod:`worker.untrusted`)."""
+unpack and the patches run in the sandbox (:mod:`worker.sandbox.untrusted`)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,16 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from wheelhouse import layout
-from wheelhouse.buildfacts import AppliedPatch
+from wheelhouse.builds.facts import AppliedPatch
 from wheelhouse.errors import BuildFailed, FailureKind, UnsafePath
-from wheelhouse.patches import Patch
+from wheelhouse.index import layout
+from wheelhouse.recipes.patches import Patch
 from wheelhouse.wheels import sha256_file
-from worker import safefs
-from worker.runner import Runner
+from worker.sandbox import safefs
+from worker.sandbox.untrusted import patch_to_dict
 from worker.sdist import SdistLimits, download_sdist, fetch_stored_sdist, find_sdist
 from worker.steps.context import BuildContext
-from worker.untrusted import patch_to_dict
+from worker.supervision.runner import Runner
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,8 @@ def _lock(ctx: BuildContext, run: Runner) -> int:
 
 def _unpack(ctx: BuildContext, run: Runner, sdist: Path, limits: SdistLimits) -> Source:
     """Unpack the sdist and apply the recipe's patches in the sandbox, as the build's uid
-    (:mod:`worker.untrusted`): the archive is the attacker's, and only the build's own places
+    (:mod:`worker.sandbox.untrusted`): the archive is the attacker's, and only the build's own
+    places
     are writable there. The report names the project directory, which is checked here to be
     one real directory right below the source path."""
     patches = _patches(ctx)

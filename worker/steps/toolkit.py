@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from wheelhouse.builds.fleet import ToolkitInfo, pick_toolkit
 from wheelhouse.errors import BuildFailed, FailureKind, ToolkitUnavailable
-from wheelhouse.fleet import ToolkitInfo, pick_toolkit
 from worker.buildenv import install_env
 from worker.capabilities import DEFAULT_ROOTS, discover_toolkits
 from worker.steps.context import BuildContext, uv_binary
-from worker.toolkit import Sources, proof, provision, toolkit_root, wanted_versions
+from worker.toolkits.provision import Sources, proof, provision, toolkit_root, wanted_versions
 
 
 def choose_toolkit(ctx: BuildContext, toolkits: list[ToolkitInfo] | None) -> ToolkitInfo:

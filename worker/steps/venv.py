@@ -13,11 +13,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.variants import Variant
-from worker import safefs
 from worker.buildenv import install_env, sanitized_env
-from worker.runner import Runner
-from worker.sandbox import python_prefix
+from worker.sandbox import safefs
+from worker.sandbox.wrapper import python_prefix
 from worker.steps.context import BuildContext, uv_binary
+from worker.supervision.runner import Runner
 
 _TORCH_INFO = "wheelhouse-torch-info: "
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from _common import HERE
 
-from worker.reaper import BuildProcess
+from worker.supervision.reaper import BuildProcess
 
 build_id, workdir = sys.argv[1], Path(sys.argv[2])
 build = BuildProcess.start(

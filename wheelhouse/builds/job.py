@@ -1,0 +1,165 @@
+"""A build job in Redis is data that asks for one build, never code.
+
+RQ keeps a job as a Redis hash whose ``data`` names a function by dotted path, with its
+arguments, and a worker imports and calls whatever is named there; with RQ's default
+serializer, pickle, loading the job alone runs code. Whoever could write to Redis could so run
+code in every worker. Here instead:
+
+- every job is JSON (:data:`SERIALIZER`), in every place that writes or reads one;
+- :class:`BuildJob`, the job class of the workers and of every lookup, never imports what a job
+  names: its function is :data:`JOB_FUNCTION` or nothing; callbacks and webhooks are dropped;
+- its arguments must be a build request, the spec checked as strictly as an API request
+  (:func:`check_call`). A job that isn't is failed as ``refused-job`` without being run.
+
+So a write to Redis can at most ask for a build that anyone with a token could ask for.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Callable
+from typing import Any
+
+from packaging.utils import InvalidSdistFilename, parse_sdist_filename
+from packaging.version import Version
+from rq.exceptions import DeserializationError, NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.utils import import_attribute
+
+from wheelhouse.builds.meta import Failure, JobMeta
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.errors import FailureKind, InvalidBuildSpec, RefusedJob
+
+#: The one function a build job may name. By path, so that the web never imports the worker.
+JOB_FUNCTION = "worker.jobs.run_build"
+#: How jobs, their meta and their results are stored: JSON, which loads as data only.
+SERIALIZER = JSONSerializer
+#: What a refused job's call reads as afterwards (in RQ's logs and process title).
+REFUSED_CALL = "refused-job"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_call(job_id: str, queue: str, func_name: object, instance: object, args: object,
+               kwargs: object) -> BuildSpec:
+    """The build spec a job asks for, if it is one this worker runs; else :class:`RefusedJob`.
+
+    A build job calls :data:`JOB_FUNCTION` with ``(spec, source, timeout)``: a spec that
+    :meth:`BuildSpec.from_dict` accepts, whose job id and queue are this job's; ``source``
+    None or an absolute path to an sdist named for the spec's project and version (single-box
+    mode and tests); ``timeout`` None or a positive number of seconds.
+    """
+    if func_name != JOB_FUNCTION or instance is not None:
+        raise RefusedJob(f"the job calls {_short(func_name)}, not {JOB_FUNCTION}")
+    if kwargs or not isinstance(args, list | tuple) or not 1 <= len(args) <= 3:
+        raise RefusedJob("the job's arguments are not (spec, source, timeout)")
+    data, source, timeout = (*args, None, None)[:3]
+    if not isinstance(data, dict):
+        raise RefusedJob("the job's spec is not a JSON object")
+    try:
+        spec = BuildSpec.from_dict(data)
+    except InvalidBuildSpec as exc:
+        raise RefusedJob(f"the job's spec is invalid: {exc}") from None
+    # The id names the build's workspace and log; the queue says which workers may take it.
+    if job_id != spec.job_id or queue != spec.queue_name:
+        raise RefusedJob(f"the job's id or queue ({_short(job_id)} on {_short(queue)}) is not "
+                         f"its spec's ({spec.job_id} on {spec.queue_name})")
+    if source is not None:
+        _check_source(source, spec)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)
+                                or timeout <= 0):
+        raise RefusedJob(f"the job's timeout {_short(timeout)} is not a positive whole number")
+    return spec
+
+
+def _check_source(source: object, spec: BuildSpec) -> None:
+    """A local sdist must be the spec's own, so that a job can't point a worker at any file."""
+    if not isinstance(source, str) or not posixpath.isabs(source):
+        raise RefusedJob(f"the job's source {_short(source)} is not an absolute path")
+    try:
+        name, version = parse_sdist_filename(posixpath.basename(source))
+    except InvalidSdistFilename:
+        raise RefusedJob(f"the job's source {_short(source)} is not an sdist") from None
+    if name != spec.project or version != Version(spec.version):
+        raise RefusedJob(f"the job's source {_short(source)} is not an sdist of "
+                         f"{spec.project} {spec.version}")
+
+
+class BuildJob(Job):
+    """An RQ job that can only ever run :data:`JOB_FUNCTION` with a valid build request.
+
+    Its callbacks and webhooks are dropped as it is read from Redis. Its call is checked once,
+    the first time :attr:`refusal` is asked (the worker asks before it forks the work horse;
+    pages that only show jobs don't pay for it); running a refused job records a
+    ``refused-job`` failure and raises :class:`RefusedJob` without importing anything the job
+    names.
+    """
+
+    _checked: bool = False
+    _refusal: str | None = None
+
+    def restore(self, raw_data: Any) -> None:
+        try:
+            super().restore(raw_data)
+        except NoSuchJobError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            # A hash RQ itself can't read (bad dates, status): for a worker, no job at all.
+            raise NoSuchJobError(f"job {self.id} is malformed in Redis "
+                                 f"({type(exc).__name__})") from None
+        # Nothing here runs what a job names besides the build: no callbacks, no webhooks.
+        self.webhooks = []
+        self._checked = False
+
+    @property
+    def refusal(self) -> str | None:
+        """Why this job is not run, or None for a build request."""
+        if not self._checked:
+            try:
+                check_call(self.id, self.origin, self.func_name, self.instance, self.args,
+                           self.kwargs)
+            except DeserializationError:
+                self._refuse("the job's data is not JSON (pickled jobs are never loaded)")
+            except RefusedJob as exc:
+                self._refuse(str(exc))
+            self._checked = True
+        return self._refusal
+
+    def _refuse(self, why: str) -> None:
+        self._refusal = why
+        # RQ's own logging and process title read the call: give them this, not the job's.
+        self.data = json.dumps([REFUSED_CALL, None, [why], {}]).encode()
+
+    @property
+    def func(self) -> Callable[..., Any]:
+        if self.refusal is not None or self.func_name != JOB_FUNCTION or self.instance is not None:
+            raise RefusedJob(self.refusal or f"the job calls {_short(self.func_name)}, "
+                             f"not {JOB_FUNCTION}")
+        function: Callable[..., Any] = import_attribute(JOB_FUNCTION)
+        return function
+
+    @property
+    def success_callback(self) -> None:
+        return None
+
+    @property
+    def failure_callback(self) -> None:
+        return None
+
+    @property
+    def stopped_callback(self) -> None:
+        return None
+
+    def perform(self) -> Any:
+        if self.refusal is not None:
+            # Recorded first, so that the worker doesn't retry it and the build page says why.
+            self.meta = JobMeta(phase="failed",
+                                failure=Failure(FailureKind.REFUSED_JOB, self.refusal)).to_meta()
+            self.save_meta()  # type: ignore[no-untyped-call]
+            raise RefusedJob(self.refusal)
+        return super().perform()
