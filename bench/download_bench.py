@@ -35,7 +35,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -51,6 +50,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from tests.helpers import free_port, own_session  # noqa: E402
 
 VARIANT = "torch2.14-cu130"
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
@@ -76,30 +77,6 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group, then SIGKILL what is left of it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        proc.poll()
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 @contextlib.contextmanager
 def running(name: str, cmd: Sequence[str], workdir: Path, env: dict[str, str] | None = None,
             port: int | None = None) -> Iterator[Server]:
@@ -110,11 +87,8 @@ def running(name: str, cmd: Sequence[str], workdir: Path, env: dict[str, str] | 
     full_env.update(env or {})
     full_env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    with log.open("wb") as out:
-        proc = subprocess.Popen([c.replace("{port}", str(port)) for c in cmd], cwd=workdir,
-                                env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    try:
+    argv = [c.replace("{port}", str(port)) for c in cmd]
+    with own_session(argv, log, env=full_env, cwd=workdir, grace=10) as proc:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
@@ -127,8 +101,6 @@ def running(name: str, cmd: Sequence[str], workdir: Path, env: dict[str, str] | 
                 raise SystemExit(f"{name} does not listen after 60s")
             time.sleep(0.05)
         yield Server(name, port, proc, log)
-    finally:
-        _stop(proc)
 
 
 def tree_cpu_seconds(proc: subprocess.Popen[bytes]) -> float:

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -45,49 +44,26 @@ import redis
 import requests
 from packaging.utils import parse_sdist_filename
 
-from wheelhouse.builds.queue import fetch_job
-from wheelhouse.config import Config
-from wheelhouse.index.tokens import create_token
-
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.helpers import free_port, own_session, wait_for_port  # noqa: E402
+from wheelhouse.builds.queue import fetch_job  # noqa: E402
+from wheelhouse.config import Config  # noqa: E402
+from wheelhouse.index.tokens import create_token  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "vecadd-0.1.0"
 TORCH_FIND_LINKS = os.environ.get("WHEELHOUSE_TEST_TORCH_FIND_LINKS", "/opt/pypi-more/files")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        if time.monotonic() > deadline:
-            sys.exit(f"nothing listens on port {port} after {timeout} s")
-        time.sleep(0.2)
-
-
 @contextlib.contextmanager
 def _process(argv: list[str], log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """A process in its own session, stopped by its process group (SIGTERM, then SIGKILL)."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    try:
+    """A process in its own session, stopped by its process group (SIGTERM twice: a warm then a
+    cold worker shutdown; then SIGKILL)."""
+    with own_session(argv, log, env=env, grace=30,
+                     signals=(signal.SIGTERM, signal.SIGTERM, signal.SIGKILL)) as proc:
         yield proc
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=30)
-                break
-            except subprocess.TimeoutExpired:
-                continue
 
 
 def _sdist(dest: Path, kernels: int = 0) -> Path:
@@ -180,7 +156,7 @@ def main() -> None:
             sys.exit(f"{tool} is not on PATH")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fanout-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    redis_port, index_port = _free_port(), _free_port()
+    redis_port, index_port = free_port(), free_port()
     config = Config(storage=str(work / "data"), workspace=str(work / "work-index"),
                     redis_url=f"redis://127.0.0.1:{redis_port}/0", upstream="off",
                     torch_check=False, torch_index_url="", torch_find_links=TORCH_FIND_LINKS,
@@ -194,13 +170,13 @@ def main() -> None:
         stack.enter_context(_process(
             ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(work / "redis")], work / "redis.log", env))
-        _wait_port(redis_port)
+        wait_for_port(redis_port, timeout=60)
         conn = redis.Redis(port=redis_port)
         headers = {"Authorization": f"Bearer {create_token(conn, 'bench')}"}
         stack.enter_context(_process(
             ["wheelhouse", "serve", "--host", "127.0.0.1", "--port", str(index_port),
              "--workers", "2"], work / "index.log", env | config.to_env()))
-        _wait_port(index_port)
+        wait_for_port(index_port, timeout=60)
         url = f"http://127.0.0.1:{index_port}"
         for name, cpus in zip(("a", "b"), cpu_sets, strict=True):
             worker_env = env | replace(config, workspace=str(work / f"work-{name}")).to_env()

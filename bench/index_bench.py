@@ -48,6 +48,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.helpers import free_port, stop_group  # noqa: E402
+
 FILES_PER_PAGE = 100
 TAG = "cp311-cp311-linux_x86_64"
 GUNICORN_ARGS = ["-w", "2", "-k", "gthread", "--threads", "4", "--graceful-timeout", "5",
@@ -232,12 +234,6 @@ def check_catalog(catalog: Catalog) -> None:
 # --------------------------------------------------------------------------- servers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Server:
     name: str
@@ -291,30 +287,10 @@ def start_server(name: str, app: str, env: dict[str, str], workdir: Path,
 
 
 def stop_server(server: Server) -> None:
-    """SIGTERM the server's process group, then SIGKILL what is left of it."""
+    """Stop the server's whole process group (gunicorn's workers may outlive the arbiter)."""
     if server in _RUNNING:
         _RUNNING.remove(server)
-    pgid = server.proc.pid  # start_new_session: the leader's pid is the group id
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    try:
-        server.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    # Workers may outlive the arbiter for a moment; make sure the whole group is gone.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-    if server.proc.returncode is None:
-        server.proc.kill()
-        server.proc.wait()
+    stop_group(server.proc, grace=10)
 
 
 @contextlib.contextmanager

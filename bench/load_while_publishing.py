@@ -29,10 +29,7 @@ import multiprocessing
 import os
 import random
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.helpers import free_port, own_session  # noqa: E402
+
 VARIANT = "torch2.8-cu128"
 PROJECTS = ("bench-a", "bench-b", "bench-c", "bench-d")
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
@@ -53,12 +52,6 @@ SEED_PER_PROJECT = 3
 
 
 # --------------------------------------------------------------------------- servers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for(url: str, timeout: float = 60) -> None:
@@ -75,19 +68,8 @@ def _wait_for(url: str, timeout: float = 60) -> None:
 
 @contextlib.contextmanager
 def _process_group(argv: list[str], log: Path, env: dict[str, str]) -> Iterator[None]:
-    with log.open("ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    try:
+    with own_session(argv, log, env=env, grace=20):
         yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @contextlib.contextmanager
@@ -96,7 +78,7 @@ def _storage(kind: str, work: Path) -> Iterator[dict[str, str]]:
     if kind == "local":
         yield {"WHEELHOUSE_STORAGE": str(work / "data")}
         return
-    port = _free_port()
+    port = free_port()
     aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
            "AWS_DEFAULT_REGION": "us-east-1"}
     with _process_group([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
@@ -280,7 +262,7 @@ def run(kind: str, args: argparse.Namespace, work: Path) -> Result:
         seed_wheels = _wheels(work / "seed", SEED_PER_PROJECT * len(PROJECTS), 0, 1)
         _publisher(settings, [str(p) for p in seed_wheels], 0, time.time())
         new = _wheels(work / "new", args.wheels, len(seed_wheels), 2)
-        port = _free_port()
+        port = free_port()
         url = f"http://127.0.0.1:{port}"
         wheelhouse = shutil.which("wheelhouse") or "wheelhouse"
         with _process_group([wheelhouse, "serve", "--port", str(port), "--workers", "2",

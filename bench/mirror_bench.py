@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.download_bench import tree_cpu_seconds  # noqa: E402
-from tests.helpers import free_port, make_wheel, wait_for_port  # noqa: E402
+from tests.helpers import free_port, make_wheel, stop_group, wait_for_port  # noqa: E402
 
 ROOT = "torch2.14-cu130"
 
@@ -44,14 +44,7 @@ def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_group(proc, grace=20)
 
 
 def _get(url: str, sha256: str, size: int) -> float:

@@ -23,10 +23,13 @@ from tests.helpers.processes import (
     config_env,
     console_script,
     fake_cuda_toolkit,
+    group_gone,
     make_venv,
+    own_session,
     run_console,
     run_worker,
     start_index,
+    stop_group,
 )
 from tests.helpers.tls import TLSFiles, make_tls_certs
 from tests.helpers.wheels import SDIST_CACHE, make_wheel, metadata_bomb, pypi_sdist
@@ -34,8 +37,8 @@ from tests.helpers.wheels import SDIST_CACHE, make_wheel, metadata_bomb, pypi_sd
 __all__ = [
     "HOST_NETWORK_ENV", "MINIMAL_PATH", "SDIST_CACHE", "IndexURL", "Listener", "QuietHandler",
     "RedisProcess", "TLSFiles", "build_job", "clean_env", "config_env", "console_script",
-    "fake_cuda_toolkit", "free_port", "host_addresses", "make_tls_certs", "make_venv",
-    "make_wheel", "metadata_bomb", "plant_job", "pypi_sdist", "run_console", "run_worker",
-    "serve_http", "simple_index",
-    "start_index", "wait_for_port", "wait_until",
+    "fake_cuda_toolkit", "free_port", "group_gone", "host_addresses", "make_tls_certs",
+    "make_venv", "make_wheel", "metadata_bomb", "own_session", "plant_job", "pypi_sdist",
+    "run_console", "run_worker", "serve_http", "simple_index", "start_index", "stop_group",
+    "wait_for_port", "wait_until",
 ]

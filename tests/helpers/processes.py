@@ -21,6 +21,50 @@ if TYPE_CHECKING:
 
 
 
+def stop_group(proc: subprocess.Popen[bytes],
+               signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGKILL),
+               grace: float = 15.0) -> None:
+    """Stop the process group ``proc`` leads (it was started with ``start_new_session``): each
+    signal in turn, ``grace`` seconds apart, until no process of the group is left (gunicorn's
+    workers and a worker's children may outlive their leader for a moment); then reap it."""
+    for sig in signals:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        if group_gone(proc, grace):
+            break
+    proc.wait()
+
+
+def group_gone(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether the process group ``proc`` leads has no process left within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc.poll()  # reap the leader, or its zombie keeps the group alive
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def own_session(argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None,
+                cwd: Path | None = None,
+                signals: Sequence[signal.Signals] = (signal.SIGTERM, signal.SIGKILL),
+                grace: float = 15.0) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` in a session of its own, its output appended to ``log``, until the block ends;
+    then its whole process group is stopped (:func:`stop_group`) and nothing else."""
+    with log.open("ab") as out:
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=cwd, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop_group(proc, signals, grace)
+
+
 def make_venv(path: Path, python: str | None = None) -> Path:
     """A fresh virtual environment made by uv; returns its python."""
     uv = shutil.which("uv")
@@ -111,27 +155,15 @@ def start_index(config: Config, tmp_path: Path, *, workers: int = 2,
     env.update(config_env(config))
     env.update(extra_env or {})
     wheelhouse = shutil.which("wheelhouse") or "wheelhouse"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [wheelhouse, "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(workers), *args],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
-    url = IndexURL(f"http://127.0.0.1:{port}")
-    url.log = log
-    url.proc = proc
-    try:
+    argv = [wheelhouse, "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--workers", str(workers), *args]
+    with own_session(argv, log, env=env) as proc:
+        url = IndexURL(f"http://127.0.0.1:{port}")
+        url.log = log
+        url.proc = proc
         wait_for_port(port, timeout=30)
         _wait_for_a_worker(url, proc, log)
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _wait_for_a_worker(url: str, proc: subprocess.Popen[bytes], log: Path,
@@ -165,21 +197,10 @@ def run_worker(config: Config, name: str, log: Path, *args: str,
     env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
     env.update(config_env(config))
     env.update(extra_env or {})
-    with log.open("ab") as out:
-        proc = subprocess.Popen([shutil.which("wheelhouse") or "wheelhouse", "worker",
-                                 "--name", name, *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    argv = [shutil.which("wheelhouse") or "wheelhouse", "worker", "--name", name, *args]
+    with own_session(argv, log, env=env, grace=20,
+                     signals=(signal.SIGTERM, signal.SIGTERM, signal.SIGKILL)) as proc:
         yield proc
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout=20)
-                break
-            except subprocess.TimeoutExpired:
-                continue
 
 
 class RedisProcess:
