@@ -219,11 +219,12 @@ def test_each_role_has_its_own_s3_user(compose: dict[str, Any]) -> None:
     init = services["minio-init"]
     assert init["volumes"] == ["./deploy/s3:/policies:ro"]
     script = init["command"][0]
-    for role in ("web", "worker"):
+    for role, user in (("web", "web"), ("web-cache", "web"), ("worker", "worker")):
         policy = ROOT / "deploy" / "s3" / f"{role}-policy.json"
         assert f"/policies/{policy.name}" in script
         assert json.loads(policy.read_text())["Version"] == "2012-10-17"
-        assert f"policy attach local wheelhouse-{role} --user" in script
+        assert (f"policy attach local wheelhouse-{role} --user "
+                f'"$${user.upper()}_S3_ACCESS_KEY"') in script
 
 
 def _script(svc: dict[str, Any], secret: Path) -> list[str]:

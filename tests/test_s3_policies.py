@@ -1,7 +1,7 @@
 """deploy/s3/*-policy.json, the S3 users of compose's minio-init and the AWS IAM policies of
 docs/security.md, enforced by moto's S3 server with IAM authorization switched on: the web
-reads the index and nothing else; workers publish wheels, logs and build statistics and cannot
-delete.
+reads the index and writes only the pull-through cache; workers publish wheels, logs and build
+statistics and cannot delete.
 
 moto checks each request's signature, action and resource against the user's policies (not
 policy conditions, which these policies don't use). It calls a HEAD on the bucket
@@ -39,6 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "deploy" / "s3"
 BUCKET = "wheels"
 ROLES = ("web", "worker")
+#: Each role's policy files, as compose's minio-init attaches them.
+POLICY_FILES = {"web": ("web-policy.json", "web-cache-policy.json"),
+                "worker": ("worker-policy.json",)}
 #: moto's name for HEAD on a bucket (the storage's ping): see the module's docstring.
 MOTO_HEAD_BUCKET = {"Version": "2012-10-17", "Statement": [{
     "Effect": "Allow", "Action": "s3:HeadBucket", "Resource": f"arn:aws:s3:::{BUCKET}"}]}
@@ -84,8 +87,9 @@ def policed_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PolicedS3]:
         for role in ROLES:
             user = f"wheelhouse-{role}"
             iam.create_user(UserName=user)
-            iam.put_user_policy(UserName=user, PolicyName=user,
-                                PolicyDocument=(POLICIES / f"{role}-policy.json").read_text())
+            for name in POLICY_FILES[role]:
+                iam.put_user_policy(UserName=user, PolicyName=name.removesuffix(".json"),
+                                    PolicyDocument=(POLICIES / name).read_text())
             iam.put_user_policy(UserName=user, PolicyName="moto-head-bucket",
                                 PolicyDocument=json.dumps(MOTO_HEAD_BUCKET))
             key = iam.create_access_key(UserName=user)["AccessKey"]
@@ -106,24 +110,29 @@ def _denied(call: Any, **kwargs: Any) -> None:
 
 
 def test_the_policies_are_aws_policies() -> None:
-    for role in ROLES:
-        doc = json.loads((POLICIES / f"{role}-policy.json").read_text())
+    for name in (n for names in POLICY_FILES.values() for n in names):
+        doc = json.loads((POLICIES / name).read_text())
         assert doc["Version"] == "2012-10-17"
         for statement in doc["Statement"]:
             assert statement["Effect"] == "Allow" and "Condition" not in statement
             actions = set(statement["Action"])
             assert actions <= {"s3:ListBucket", "s3:GetObject", "s3:PutObject",
-                               "s3:AbortMultipartUpload"}, actions
+                               "s3:AbortMultipartUpload", "s3:DeleteObject"}, actions
             assert all(r.startswith(f"arn:aws:s3:::{BUCKET}") for r in statement["Resource"])
+            if "s3:DeleteObject" in actions:  # deleting is the operator's, but for the cache
+                assert statement["Resource"] == [f"arn:aws:s3:::{BUCKET}/index/{layout.MIRROR}*"]
     web = json.loads((POLICIES / "web-policy.json").read_text())
     assert not any("s3:PutObject" in s["Action"] for s in web["Statement"])
+    cache = json.loads((POLICIES / "web-cache-policy.json").read_text())
+    assert {r for s in cache["Statement"] for r in s["Resource"]} == {
+        f"arn:aws:s3:::{BUCKET}/index/{prefix}*" for prefix in layout.WEB_CACHE_WRITES}
 
 
 def test_the_security_docs_give_the_same_policies() -> None:
     security = (ROOT / "docs" / "security.md").read_text()
     shown = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", security, re.S)]
-    for role in ROLES:
-        assert json.loads((POLICIES / f"{role}-policy.json").read_text()) in shown, role
+    for name in (n for names in POLICY_FILES.values() for n in names):
+        assert json.loads((POLICIES / name).read_text()) in shown, name
 
 
 def test_workers_publish_and_the_web_serves(policed_s3: PolicedS3, tmp_path: Path) -> None:
@@ -160,10 +169,11 @@ def test_workers_publish_and_the_web_serves(policed_s3: PolicedS3, tmp_path: Pat
         assert metadata.status_code == 200 and b"Name: demo-ext" in metadata.content
 
 
-def test_the_web_can_only_read_the_index(policed_s3: PolicedS3) -> None:
+def test_the_web_reads_the_index_and_writes_only_the_cache(policed_s3: PolicedS3) -> None:
     web = policed_s3.client("web")
     web.list_objects_v2(Bucket=BUCKET, Prefix="index/")
-    for key in ("index/wheels/x.whl", "index/records/x.json", "index/generation", "outside"):
+    for key in ("index/wheels/x.whl", "index/records/x.json", "index/generation", "outside",
+                "index/mirrored/x", "mirror/files/x"):
         _denied(web.put_object, Bucket=BUCKET, Key=key, Body=b"x")
     _denied(web.delete_object, Bucket=BUCKET, Key="index/generation")
     _denied(web.get_object, Bucket=BUCKET, Key="outside/secret")
@@ -173,6 +183,26 @@ def test_the_web_can_only_read_the_index(policed_s3: PolicedS3) -> None:
         storage.put_bytes("generation", b"x")
     with pytest.raises(StorageError, match="AccessDenied"):
         storage.delete("generation")
+
+
+def test_the_web_keeps_and_evicts_the_pull_through_cache(policed_s3: PolicedS3) -> None:
+    """What the cache writes (a page, a file, its use marker) and eviction's deletes pass the
+    web's cache policy; its files are then served as the web reads any stored file."""
+    from wheelhouse.index import mirror
+
+    storage = open_storage(policed_s3.config(), s3_client=policed_s3.client("web"))
+    sha = hashlib.sha256(b"torch").hexdigest()
+    file_key = layout.mirror_file_key(sha, "torch-2.14.1+cu130-cp311-cp311-linux_x86_64.whl")
+    page_key = layout.mirror_page_key("0" * 16, "torch")
+    for key in (file_key, page_key, layout.mirror_used_key(sha)):
+        assert any(key.startswith(prefix) for prefix in layout.WEB_CACHE_WRITES), key
+        storage.put_bytes(key, b"torch")
+    assert storage.get_bytes(file_key) == b"torch"
+    assert [c.sha256 for c in mirror.evict(storage, budget=0)] == [sha]
+    assert not storage.exists(file_key) and not storage.exists(layout.mirror_used_key(sha))
+    # The worker's policy has no business there.
+    worker = policed_s3.client("worker")
+    _denied(worker.put_object, Bucket=BUCKET, Key=f"index/{file_key}", Body=b"x")
 
 
 def test_workers_write_the_index_prefix_only_and_never_delete(policed_s3: PolicedS3) -> None:

@@ -61,6 +61,7 @@ LOGS = "logs/"
 STATS = "stats/"
 COMPILE_CACHE = "sccache/"
 SOURCES = "sources/"
+MIRROR = "mirror/"
 MIRROR_PAGES = "mirror/pages/"
 MIRROR_FILES = "mirror/files/"
 MIRROR_USED = "mirror/used/"
@@ -75,6 +76,10 @@ WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_C
 #: What the web writes when a build is requested with a local sdist (``PUT /api/sources/...``);
 #: with the read-only web policy of ``deploy/s3/web-policy.json`` those uploads answer 503.
 WEB_SOURCE_WRITES = (SOURCES,)
+#: What the web writes and deletes for the pull-through cache (pages, files, use markers,
+#: eviction): ``deploy/s3/web-cache-policy.json``, which compose gives the web beside its
+#: read-only policy, allows these and nothing else.
+WEB_CACHE_WRITES = (MIRROR,)
 
 
 #: Where a record's JSON keeps ``Record.provenance_sha256`` (see :meth:`Record.to_json`).
