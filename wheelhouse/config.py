@@ -148,7 +148,8 @@ class Config:
     """Projects served through the pull-through cache (comma-separated globs; ``*``: all)."""
 
     cache_max_gib: float = 0.0
-    """Most the pull-through cache keeps in storage, in GiB, evicting LRU files (0: no cap)."""
+    """Most the pull-through cache keeps in storage per CUDA line (``cu130``; files of no line
+    are one more), in GiB, evicting LRU files (0: no cap)."""
 
     cache_page_max_age: int = 600
     """Seconds a cached upstream project page is served before it is revalidated (ETag)."""

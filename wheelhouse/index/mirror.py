@@ -14,9 +14,9 @@ spool file is the claim: one fetch per file and host at a time; a concurrent fir
 the same host follows the spool file as it grows instead of fetching again. Files without a
 sha256 on the upstream page are not listed: they could not be verified.
 
-Past ``WHEELHOUSE_CACHE_MAX_GIB`` the least recently served files are deleted
-(:func:`evict`); serving a file touches ``mirror/used/<sha256>`` (at most every
-:data:`TOUCH_SECONDS` per process).
+Past ``WHEELHOUSE_CACHE_MAX_GIB`` (a budget per CUDA line: :func:`cuda_line`) the least
+recently served files of the new file's line are deleted (:func:`evict`); serving a file
+touches ``mirror/used/<sha256>`` (at most every :data:`TOUCH_SECONDS` per process).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import tempfile
 import threading
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from packaging.utils import NormalizedName
+from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
 
 from wheelhouse.config import Config
 from wheelhouse.errors import NotOnUpstream, StorageError, UpstreamMismatch, UpstreamUnavailable
@@ -403,7 +404,8 @@ def _fetch(storage: Storage, config: Config, f: MirrorFile, part: Path, fd: int)
             log.info("cached %s (%s)", f.filename, f.sha256[:12])
             touch(storage, f.sha256)
             if config.cache_max_gib > 0:
-                evict(storage, int(config.cache_max_gib * 1024**3), keep={f.sha256})
+                evict(storage, int(config.cache_max_gib * 1024**3), keep={f.sha256},
+                      line=cuda_line(f.filename))
         except StorageError as exc:
             log.warning("%s is served but could not be kept: %s", f.filename, exc)
 
@@ -527,6 +529,25 @@ def touch(storage: Storage, sha256: str, now: float | None = None) -> None:
         storage.put_bytes(layout.mirror_used_key(sha256), b"")
 
 
+#: A CUDA line in a file name: PyTorch's local label (``torch-2.14.1+cu130``) or the suffix of
+#: NVIDIA's runtime packages (``nvidia-cublas-cu12``).
+_CUDA_LINE = re.compile(r"(?:^|[-_+.])(cu\d+)(?=$|[-_.])")
+
+
+def cuda_line(filename: str) -> str:
+    """The CUDA line a cached file belongs to (``cu130``), or ``""`` for one of none: each line
+    is evicted within its own budget, so fetching one line's torch never evicts another's."""
+    try:
+        name, version, _, _ = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return ""
+    for part in (version.local or "", name):
+        match = _CUDA_LINE.search(part)
+        if match:
+            return match.group(1)
+    return ""
+
+
 @dataclass(frozen=True)
 class Cached:
     """The files the cache holds under one sha256."""
@@ -535,6 +556,12 @@ class Cached:
     keys: tuple[str, ...]
     size: int
     used: float
+
+    @property
+    def line(self) -> str:
+        """The CUDA line of its file (:func:`cuda_line`)."""
+        names = {k.rsplit("/", 1)[-1].removesuffix(METADATA_SUFFIX) for k in self.keys}
+        return next((line for line in map(cuda_line, sorted(names)) if line), "")
 
 
 def cached_files(storage: Storage) -> list[Cached]:
@@ -550,11 +577,12 @@ def cached_files(storage: Storage) -> list[Cached]:
     return sorted(found, key=lambda c: c.used)
 
 
-def evict(storage: Storage, budget: int, keep: frozenset[str] | set[str] = frozenset()
-          ) -> list[Cached]:
+def evict(storage: Storage, budget: int, keep: frozenset[str] | set[str] = frozenset(),
+          line: str | None = None) -> list[Cached]:
     """Delete the least recently used files until the cache holds at most ``budget`` bytes
-    (never those in ``keep``); returns what went."""
-    held = cached_files(storage)
+    (never those in ``keep``); with ``line``, only that CUDA line's files count and go (the
+    budget is per line: ``""`` is the files of no line). Returns what went."""
+    held = [c for c in cached_files(storage) if line is None or c.line == line]
     total = sum(c.size for c in held)
     gone = []
     for c in held:

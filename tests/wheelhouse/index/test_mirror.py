@@ -221,6 +221,49 @@ def test_eviction_takes_the_least_recently_served_first(storage: Storage) -> Non
     assert mirror.evict(storage, budget=150) == []
 
 
+def _put_named(storage: Storage, sha: str, filename: str, size: int, used: float) -> None:
+    """A cached file and its PEP 658 metadata (written first: in whichever order storage lists
+    them, the line is the wheel's)."""
+    keys = (layout.mirror_file_key(sha, filename + ".metadata"),
+            layout.mirror_file_key(sha, filename), layout.mirror_used_key(sha))
+    for key in keys:
+        storage.put_bytes(key, b"x" * size if key.endswith(".whl") else b"")
+        path = storage.local_path(key)
+        assert path is not None
+        os.utime(path, (used, used))
+
+
+@pytest.mark.parametrize(("filename", "line"), [
+    ("torch-2.14.1+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "cu130"),
+    ("torchvision-0.24.0+cu128-cp311-cp311-manylinux_2_28_x86_64.whl", "cu128"),
+    ("nvidia_cublas_cu12-12.8.4.1-py3-none-manylinux_2_27_x86_64.whl", "cu12"),
+    ("torch-2.14.1+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", ""),
+    ("numpy-2.3.0-cp311-cp311-manylinux_2_28_x86_64.whl", ""),
+    ("cupy_cuda12x-13.0.0-cp311-cp311-manylinux2014_x86_64.whl", ""),
+    ("not-a-wheel.tar.gz", ""),
+])
+def test_a_files_cuda_line_is_read_from_its_name(filename: str, line: str) -> None:
+    assert mirror.cuda_line(filename) == line
+
+
+def test_each_cuda_line_is_evicted_within_its_own_budget(storage: Storage) -> None:
+    """A cluster moving to CUDA 13.0 fills the cache with cu130 torch: the cu128 torch the rest
+    of it installs stays, however long ago it was served; the oldest cu130 file goes."""
+    old128, old130, new130, pypi = "a" * 64, "b" * 64, "c" * 64, "d" * 64
+    _put_named(storage, old128, "torch-2.8.0+cu128-cp311-cp311-linux_x86_64.whl", 100, 1000.0)
+    _put_named(storage, old130, "torch-2.14.0+cu130-cp311-cp311-linux_x86_64.whl", 100, 2000.0)
+    _put_named(storage, pypi, "numpy-2.3.0-cp311-cp311-linux_x86_64.whl", 100, 1500.0)
+    _put_named(storage, new130, "torch-2.14.1+cu130-cp311-cp311-linux_x86_64.whl", 100, 3000.0)
+    gone = mirror.evict(storage, budget=150, keep={new130}, line="cu130")
+    assert [g.sha256 for g in gone] == [old130]
+    left = {o.key.removeprefix(layout.MIRROR_FILES).split("/")[0]
+            for o in storage.list(layout.MIRROR_FILES)}
+    assert left == {old128, new130, pypi}
+    # Each line within budget: nothing more goes, the files of no line included.
+    assert mirror.evict(storage, budget=150, line="cu128") == []
+    assert mirror.evict(storage, budget=150, line="") == []
+
+
 @pytest.mark.parametrize(("patterns", "project", "cached"), [
     ("torch,nvidia-*", "torch", True),
     ("torch,nvidia-*", "nvidia-cublas-cu12", True),
