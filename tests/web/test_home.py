@@ -45,6 +45,10 @@ def test_an_empty_index_still_shows_the_install_command(tmp_path: Path) -> None:
     # Index-only: building is explained, not offered through a sign-in that can't succeed.
     assert "wheelhouse build PROJECT==VERSION" in page
     assert ">Sign in<" not in page
+    # How to keep an installed torch, beside (never inside) the command a user copies.
+    keep = page.split('id="keep-torch"', 1)[1].split("</p>", 1)[0]
+    assert "Requires-Dist: torch==X.Y.*" in keep
+    assert '"torch==$(python -c \'import torch; print(torch.__version__)\')"' in keep
 
 
 def test_every_listed_wheel_has_the_command_of_the_root_that_lists_it(tmp_path: Path) -> None:
