@@ -10,6 +10,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,9 +64,10 @@ def test_valid_against_compose_spec(name: str) -> None:
 
 def test_services_and_health(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"redis", "minio", "minio-init", "web", "proxy", *WORKERS}
+    assert set(services) == {"redis", "minio", "minio-init", "provenance-init", "web", "proxy",
+                             *WORKERS}
     for name, svc in services.items():
-        if name != "minio-init":
+        if name not in ("minio-init", "provenance-init"):
             assert "healthcheck" in svc, f"{name} has no healthcheck"
         for dep, cond in svc.get("depends_on", {}).items():
             assert cond["condition"] in ("service_healthy", "service_completed_successfully"), (
@@ -87,8 +89,13 @@ def test_a_worker_per_cuda_line(compose: dict[str, Any], tls_override: dict[str,
         image = svc["build"]["args"]["CUDA_IMAGE"]
         assert image.startswith(f"nvidia/cuda:{release}") and "-devel-" in image
         assert svc["build"]["dockerfile"] == "worker/Dockerfile"
-        assert svc["volumes"] == [f"{name}-work:/work"] and f"{name}-work" in compose["volumes"]
+        assert svc["volumes"] == [f"{name}-work:/work", f"provenance-{name}:/provenance:ro"]
+        assert {f"{name}-work", f"provenance-{name}"} <= set(compose["volumes"])
+        own = {"WHEELHOUSE_PROVENANCE_CERT": f"/provenance/{name}.pem",
+               "WHEELHOUSE_PROVENANCE_KEY": f"/provenance/{name}.key"}
+        assert {k: svc["environment"][k] for k in own} == own
         rest = {k: v for k, v in svc.items() if k not in ("profiles", "build", "image", "volumes")}
+        rest["environment"] = {k: v for k, v in svc["environment"].items() if k not in own}
         assert shared is None or rest == shared
         shared = rest
         assert tls_override["services"][name]["volumes"] == ["./tls/ca.crt:/tls/ca.crt:ro"]
@@ -318,3 +325,66 @@ def test_redis_over_tls_as_compose_tls_runs_it(compose: dict[str, Any],
                     timeout=5).ping()
         with pytest.raises(redis.AuthenticationError):
             connect(worker.replace(redis_password_file=None), timeout=5).ping()
+
+
+def _provenance_init(svc: dict[str, Any], root: Path) -> tuple[list[str], dict[str, Path]]:
+    """provenance-init's script as the container's shell gets it, with its mount points
+    under ``root`` and the web's user the one running the test; and each volume's place."""
+    script = svc["command"][0].replace("$$", "$")
+    mounts = {m.split(":")[0]: root / m.split(":")[1].lstrip("/") for m in svc["volumes"]}
+    return [*svc["entrypoint"], script], mounts
+
+
+def test_provenance_init_gives_each_signer_a_certificate_of_one_ca(
+        compose: dict[str, Any], tmp_path: Path) -> None:
+    """Run as compose runs it (the real ``wheelhouse ca``): one CA; the index and each worker a
+    certificate that CA issued, with its key, where their settings point; re-run on every
+    ``up``, it keeps what is valid and renews what is near its expiry."""
+    from cryptography import x509
+
+    from wheelhouse.provenance import ca
+
+    services = compose["services"]
+    init = services["provenance-init"]
+    argv, volume = _provenance_init(init, tmp_path)
+    env = {**os.environ, "CA_DIR": str(tmp_path / "ca"), "SIGNERS_DIR": str(tmp_path / "signers"),
+           "WEB_USER": str(os.getuid()),
+           "PATH": f"{Path(shutil.which('wheelhouse') or 'wheelhouse').parent}"
+                   f"{os.pathsep}{os.environ['PATH']}"}
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    authority = x509.load_pem_x509_certificate((volume["provenance-ca"] / "ca.pem")
+                                               .read_bytes())
+    signers = {"web": ("provenance-index", "index"),
+               **{name: (f"provenance-{name}", name) for name in WORKERS}}
+    issued = {}
+    for service, (volume_name, signer) in signers.items():
+        svc = services[service]
+        assert f"{volume_name}:/provenance:ro" in svc["volumes"]
+        env_of = svc["environment"]
+        files = {k: volume[volume_name] / Path(env_of[k]).relative_to("/provenance")
+                 for k in ("WHEELHOUSE_PROVENANCE_CA", "WHEELHOUSE_PROVENANCE_CERT",
+                           "WHEELHOUSE_PROVENANCE_KEY")}
+        assert files["WHEELHOUSE_PROVENANCE_CA"].read_bytes() == (
+            volume["provenance-ca"] / "ca.pem").read_bytes()
+        me = ca.load_identity(files["WHEELHOUSE_PROVENANCE_CERT"],
+                              files["WHEELHOUSE_PROVENANCE_KEY"])
+        me.cert.verify_directly_issued_by(authority)
+        assert me.name == signer
+        assert files["WHEELHOUSE_PROVENANCE_KEY"].stat().st_mode & 0o077 == 0
+        issued[signer] = me.cert.serial_number
+    for name, place in volume.items():  # the CA's key stays in the CA's volume
+        assert (place / "ca.key").exists() == (name == "provenance-ca"), name
+
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("not renewed") == len(signers) and "kept" in again.stdout
+    # A certificate near its expiry is renewed on the next run; the others are kept.
+    near = volume["provenance-worker-cu130"]
+    ca.write_identity(ca.issue(ca.load_ca(volume["provenance-ca"]), "worker-cu130",
+                               days=2), near)
+    third = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert third.returncode == 0, third.stdout + third.stderr
+    renewed = ca.load_identity(near / "worker-cu130.pem", near / "worker-cu130.key")
+    assert renewed.cert.not_valid_after_utc.timestamp() - time.time() > 20 * 86400
+    assert third.stdout.count("not renewed") == len(signers) - 1

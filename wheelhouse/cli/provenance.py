@@ -12,6 +12,7 @@ import json
 import tempfile
 import urllib.error
 import urllib.request
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
@@ -34,12 +35,22 @@ def ca_group() -> None:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--name", default="wheelhouse fleet CA", show_default=True,
               help="The CA's common name.")
-def ca_init(directory: Path, name: str) -> None:
+@click.option("--exist-ok", is_flag=True,
+              help="A CA already in DIRECTORY is kept and is not an error (for set-up scripts "
+                   "that run on every start).")
+def ca_init(directory: Path, name: str, exist_ok: bool) -> None:
     """Make the CA's key (0600) and self-signed certificate in DIRECTORY; keep the key offline."""
     try:
         made = ca.init_ca(directory, name)
     except FileExistsError as exc:
-        raise click.ClickException(str(exc)) from None
+        if not exist_ok:
+            raise click.ClickException(str(exc)) from None
+        try:
+            kept = ca.load_ca(directory)
+        except (OSError, ValueError) as err:
+            raise click.ClickException(f"{directory}: {err}") from None
+        click.echo(f"CA {kept.name!r} kept: {directory / ca.CA_CERT}")
+        return
     click.echo(f"CA {made.name!r}: certificate {directory / ca.CA_CERT} (give it to every "
                f"index and verifier: WHEELHOUSE_PROVENANCE_CA), key {directory / ca.CA_KEY}")
 
@@ -52,10 +63,26 @@ def ca_init(directory: Path, name: str) -> None:
               show_default=True, help="Where NAME.pem and NAME.key (0600) are written.")
 @click.option("--days", type=click.FloatRange(min=0.01, max=3650), default=ca.LEAF_DAYS,
               show_default=True, help="How long the certificate is valid.")
-def ca_issue(name: str, ca_dir: Path, out: Path, days: float) -> None:
+@click.option("--renew-within", type=click.FloatRange(min=0, max=3650), default=None,
+              metavar="DAYS",
+              help="Keep a certificate this CA issued for NAME in --out that is valid for "
+                   "longer than DAYS; issue a new one otherwise (run it on a schedule).")
+def ca_issue(name: str, ca_dir: Path, out: Path, days: float,
+             renew_within: float | None) -> None:
     """Issue a certificate and key for the signer NAME (a worker, or the index)."""
     try:
         authority = ca.load_ca(ca_dir)
+        if renew_within is not None:
+            if renew_within >= days:
+                raise click.ClickException(f"--renew-within {renew_within:g} must be shorter "
+                                           f"than --days {days:g}, or every run renews")
+            cert_path, key_path = ca.identity_paths(out, name)
+            kept = ca.still_valid(authority, cert_path, key_path,
+                                  for_at_least=timedelta(days=renew_within))
+            if kept is not None:
+                click.echo(f"{name}: {cert_path} is valid until "
+                           f"{kept.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; not renewed")
+                return
         cert_path, key_path = ca.write_identity(ca.issue(authority, name, days=days), out)
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None

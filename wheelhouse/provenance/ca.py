@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -104,11 +106,17 @@ def load_ca(directory: Path) -> Identity:
 
 
 def load_identity(cert_path: Path, key_path: Path) -> Identity:
-    cert = load_cert(cert_path)
-    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-    if not isinstance(key, ec.EllipticCurvePrivateKey):
-        raise ProvenanceInvalid(f"{key_path}: not an ECDSA private key")
-    return Identity(cert, key)
+    """A certificate and its key, which must belong together: a signature by another key (a
+    renewal read half-way, a file swapped) would not verify."""
+    for attempt in range(3):
+        cert = load_cert(cert_path)
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ProvenanceInvalid(f"{key_path}: not an ECDSA private key")
+        if key.public_key() == cert.public_key():
+            return Identity(cert, key)
+        time.sleep(0.1 * (attempt + 1))  # a renewal replaces the key, then the certificate
+    raise ProvenanceInvalid(f"{key_path} is not the key of {cert_path}")
 
 
 def load_cert(path: Path) -> x509.Certificate:
@@ -140,16 +148,45 @@ def issue(ca: Identity, name: str, *, days: float = LEAF_DAYS) -> Identity:
     return Identity(cert, key)
 
 
+def identity_paths(directory: Path, name: str) -> tuple[Path, Path]:
+    """Where :func:`write_identity` keeps the signer ``name``: ``<name>.pem``, ``<name>.key``."""
+    stem = _file_stem(name)
+    return directory / f"{stem}.pem", directory / f"{stem}.key"
+
+
 def write_identity(identity: Identity, directory: Path) -> tuple[Path, Path]:
-    """``<name>.pem`` and ``<name>.key`` (0600) in ``directory``; refuses to overwrite."""
+    """``<name>.pem`` and ``<name>.key`` (0600) in ``directory``, each replaced whole (a
+    renewal under a running signer: it reads either pair, and :func:`load_identity` waits out
+    the moment between the two)."""
     directory.mkdir(parents=True, exist_ok=True)
-    stem = _file_stem(identity.name)
-    cert_path, key_path = directory / f"{stem}.pem", directory / f"{stem}.key"
-    if key_path.exists():
-        key_path.unlink()  # a renewal: the old key is useless without its certificate
-    _write_private(key_path, _key_pem(identity.key))
-    cert_path.write_bytes(identity.cert.public_bytes(serialization.Encoding.PEM))
+    cert_path, key_path = identity_paths(directory, identity.name)
+    for path, data, private in ((key_path, _key_pem(identity.key), True),
+                                (cert_path, identity.cert.public_bytes(
+                                    serialization.Encoding.PEM), False)):
+        part = path.with_name(f".{path.name}.part")
+        part.unlink(missing_ok=True)
+        if private:
+            _write_private(part, data)
+        else:
+            part.write_bytes(data)
+        os.replace(part, path)
     return cert_path, key_path
+
+
+def still_valid(ca: Identity, cert_path: Path, key_path: Path, *, for_at_least: timedelta
+                ) -> x509.Certificate | None:
+    """The certificate at ``cert_path`` if ``ca`` issued it, its key is beside it and it stays
+    valid ``for_at_least`` longer; None where it must be (re)issued."""
+    if not (cert_path.exists() and key_path.exists()):
+        return None
+    try:
+        mine = load_identity(cert_path, key_path)
+        mine.cert.verify_directly_issued_by(ca.cert)
+    except (OSError, ValueError, TypeError, ProvenanceInvalid, InvalidSignature):
+        return None
+    if mine.cert.not_valid_after_utc - datetime.now(UTC) <= for_at_least:
+        return None
+    return mine.cert
 
 
 def _file_stem(name: str) -> str:
@@ -180,13 +217,9 @@ def local_identity(directory: Path, name: str) -> Identity:
     certificate renewed near its expiry)."""
     with _locked(directory):
         ca = load_ca(directory) if (directory / CA_KEY).exists() else init_ca(directory)
-        stem = _file_stem(name)
-        cert_path, key_path = directory / f"{stem}.pem", directory / f"{stem}.key"
-        if cert_path.exists() and key_path.exists():
-            mine = load_identity(cert_path, key_path)
-            if (mine.cert.not_valid_after_utc - datetime.now(UTC) > _RENEW_BEFORE
-                    and mine.cert.issuer == ca.cert.subject):
-                return mine
+        cert_path, key_path = identity_paths(directory, name)
+        if still_valid(ca, cert_path, key_path, for_at_least=_RENEW_BEFORE) is not None:
+            return load_identity(cert_path, key_path)
         mine = issue(ca, name)
         write_identity(mine, directory)
         return mine

@@ -253,3 +253,15 @@ def test_the_record_owns_its_provenance(built: tuple[LocalStorage, Record, Path]
     delete(storage, Target.parse(record.filename), who="test")
     assert not storage.exists(record.provenance_key)
     assert not storage.exists(record.wheel_key)
+
+
+def test_a_key_that_is_not_the_certificates_is_refused(tmp_path: Path) -> None:
+    """A signer whose key and certificate don't belong together (a file swapped, or a renewal
+    read half-way for longer than it takes) signs nothing that would fail to verify."""
+    authority = ca.init_ca(tmp_path / "ca")
+    one, two = ca.issue(authority, "worker-1"), ca.issue(authority, "worker-1")
+    cert_path, key_path = ca.write_identity(one, tmp_path / "w")
+    ca.write_identity(two, tmp_path / "other")
+    key_path.write_bytes((tmp_path / "other" / "worker-1.key").read_bytes())
+    with pytest.raises(ProvenanceInvalid, match="is not the key of"):
+        ca.load_identity(cert_path, key_path)
