@@ -1,5 +1,7 @@
 """A worker SIGKILLed mid-build: on restart its orphans are gone, the job runs again once, and
-the index never lists a partial wheel (issue 4).
+the index never lists a partial wheel (issue 4). The worker that takes the job over has a
+workspace of its own, empty, and S3 storage in common: what the dead one compiled and pushed
+while compiling comes back as cache hits, so the retry compiles only the rest (issue 31).
 
 Sandboxed, the build dies with the worker (bubblewrap's ``--die-with-parent`` ends the sandbox's
 PID namespace, and the kernel everything in it). Unsandboxed, what writes to the build's output
@@ -30,6 +32,7 @@ from wheelhouse.builds import queue as q
 from wheelhouse.builds.fleet import build_id_prefix, live_workers
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
+from wheelhouse.index.storage import open_storage
 from worker.supervision.reaper import BUILD_ID_ENV, build_id_base
 
 pytestmark = [pytest.mark.nvcc, pytest.mark.slow]
@@ -59,9 +62,10 @@ def _wait_for(what: str, check: object, timeout: float, log: Path) -> None:
 
 @pytest.mark.parametrize("sandbox", ["on", "off"])
 def test_sigkilled_worker(tmp_path: Path, redis_url: str, cudaext_sdist: Path,
-                          sandbox: str) -> None:
+                          sandbox: str, s3_config: Config) -> None:
     config = replace(build_config(tmp_path), redis_url=redis_url, worker_heartbeat_seconds=1,
-                     catalog_refresh_seconds=0.2, build_sandbox=sandbox)
+                     catalog_refresh_seconds=0.2, build_sandbox=sandbox,
+                     storage=s3_config.storage, s3_endpoint_url=s3_config.s3_endpoint_url)
     conn = redis.Redis.from_url(redis_url)
     log = tmp_path / "workers.log"
     anomalies: list[str] = []
@@ -114,6 +118,11 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
             return bool(names & {"nvcc", "cicc", "cudafe++", "ptxas", "cc1plus"})
 
         _wait_for("no compiler started", compiling, 900, log)
+        # Killed once the compile pushed some of its cache entries (every 30 s), and before it
+        # ended (the build is still running when the kill lands: asserted below).
+        storage = open_storage(config)
+        _wait_for("no compile cache entry reached storage while compiling",
+                  lambda: any(True for _ in storage.list("sccache/cudaext/")), 300, log)
         # The worker, its work horse and its scheduler die at once, as with a lost host. The
         # build's own processes (those carrying its cookie) are what must be cleaned up.
         orphans = _carrying(cookie)
@@ -142,7 +151,9 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
     status = q.get_build(conn, job.job_id)
     assert status is not None and status.state is q.BuildState.BUILDING
 
-    with run_worker(config, "restarted", log):
+    # Another worker, as on another host: its own empty workspace, the same Redis and S3.
+    other = replace(config, workspace=str(Path(config.workspace).with_name("work-other")))
+    with run_worker(other, "restarted", log):
         # Its start-up sweep kills the dead build's orphans...
         _wait_for("orphans survived the restart",
                   lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -158,3 +169,7 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
         assert status is not None and status.state is q.BuildState.BUILT, status
         assert "job " + job.job_id + " was abandoned" in log.read_text()
         assert build_job(conn, job.job_id).retries_left == 0
+        # The retry compiled only what the dead attempt had not pushed: its hits can only be
+        # those entries (a fresh bucket, an empty workspace).
+        cache = status.build.compile_cache
+        assert cache is not None and cache.hits > 0, (cache, log.read_text()[-3000:])
