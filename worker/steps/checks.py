@@ -32,7 +32,8 @@ from wheelhouse.wheels import (
 from worker import devicecode, loadcheck
 from worker.buildenv import sanitized_env
 from worker.sandbox import safefs
-from worker.sandbox.wrapper import GIB, MAX_WHEEL_BYTES
+from worker.sandbox.limits import GIB
+from worker.sandbox.takeout import MAX_WHEEL_BYTES
 from worker.steps.context import BuildContext
 from worker.steps.venv import BuildVenv
 from worker.supervision.runner import Runner

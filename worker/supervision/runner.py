@@ -39,11 +39,10 @@ from wheelhouse.errors import (
 from worker.buildenv import sanitized_env
 from worker.failures import classify_install, classify_unreachable
 from worker.sandbox import safefs
+from worker.sandbox.limits import DiskQuota, TreeLimits
 from worker.sandbox.wrapper import (
-    DiskQuota,
     Layout,
     Sandbox,
-    TreeLimits,
     python_prefix,
     startup_check,
     writable_place,
