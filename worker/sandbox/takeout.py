@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from wheelhouse.errors import BuildFailed, FailureKind, UnsafePath
+from wheelhouse.errors import BuildFailed, FailureKind
+from worker.errors import UnsafePath
 from worker.sandbox import safefs
 from worker.sandbox.limits import GIB
 

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from wheelhouse.errors import SandboxUnavailable
+from worker.errors import SandboxUnavailable
 
 
 def uid_range(text: str) -> tuple[int, int]:

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind
+from worker.errors import SandboxUnavailable
 from worker.sandbox import seccomp
 from worker.sandbox.limits import GIB, MAX_DEPTH, TooDeep, walk_tree
 from worker.sandbox.uids import claim_uid, uid_range

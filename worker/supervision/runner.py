@@ -30,14 +30,9 @@ import wheelhouse
 import worker
 from wheelhouse.builds.facts import Reaped
 from wheelhouse.config import Config
-from wheelhouse.errors import (
-    BuildFailed,
-    FailureKind,
-    InfrastructureError,
-    SandboxUnavailable,
-    UnsafePath,
-)
+from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError
 from worker.buildenv import sanitized_env
+from worker.errors import SandboxUnavailable, UnsafePath
 from worker.events import Journal
 from worker.failures import classify_install, classify_unreachable
 from worker.sandbox import safefs

@@ -29,7 +29,8 @@ from tests.helpers import Listener, host_addresses, make_venv
 from tests.worker.conftest import hostile_sdist
 from tests.worker.supervision.test_governor import JobStates
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind
+from worker.errors import SandboxUnavailable
 from worker.sandbox.limits import GIB, MAX_DEPTH, DiskQuota, TreeLimits
 from worker.sandbox.takeout import take_wheel
 from worker.sandbox.untrusted import unpack
