@@ -1,4 +1,4 @@
-"""Domain errors, one module for all of them.
+"""Domain errors of the core, one module for all of them (the worker's own: ``worker.errors``).
 
 Each subclasses the builtin that fits, so callers that only know Python still catch them;
 ``web.errors`` maps them to HTTP responses in one place.
@@ -141,12 +141,6 @@ class InfrastructureError(WheelhouseError, RuntimeError):
     """A failure outside the build itself (network, index, installer): worth retrying."""
 
 
-class ToolkitUnavailable(WheelhouseError, RuntimeError):
-    """A CUDA toolkit can't be provisioned from the configured sources (no such release, a
-    component missing, a checksum that does not match, an nvcc that does not answer): another
-    attempt gives the same answer, so it is never retried."""
-
-
 class TorchUnavailable(WheelhouseError, ValueError):
     """The torch index has no build of the requested torch version for the requested CUDA."""
 
@@ -232,17 +226,6 @@ class BuildFailed(WheelhouseError, RuntimeError):
         #: What the build had measured when it failed (seconds, reaped, governor pauses); set
         #: by the builder on the way out.
         self.facts: BuildFacts | None = None
-
-
-class SandboxUnavailable(WheelhouseError, RuntimeError):
-    """The build sandbox cannot be set up here; the worker must not run builds unsandboxed."""
-
-
-class UnsafePath(WheelhouseError, OSError):
-    """Something a build left where the worker reads or writes is not what it may touch: a
-    link (at any level), a FIFO, device or socket, a file over its size cap, a name that
-    escapes, or a read past its deadline (``worker.sandbox.safefs``). Never followed, never
-    opened."""
 
 
 class PatchFailed(BuildFailed):

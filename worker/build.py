@@ -31,16 +31,11 @@ from wheelhouse.builds.facts import BuildFacts, MaxJobs
 from wheelhouse.builds.fleet import ToolkitInfo
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.config import Config
-from wheelhouse.errors import (
-    BuildFailed,
-    FailureKind,
-    InfrastructureError,
-    SandboxUnavailable,
-    StorageError,
-)
+from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError, StorageError
 from wheelhouse.index.catalog import Record
 from wheelhouse.index.storage import Storage
 from wheelhouse.retry import BUILD_STEPS, RetryPolicy
+from worker.errors import SandboxUnavailable
 from worker.events import Reporter
 from worker.sandbox import safefs
 from worker.steps.checks import check_wheel

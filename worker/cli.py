@@ -24,19 +24,14 @@ from wheelhouse.builds.sourcedir import pack_directory
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.cli.main import pass_config, storage_option
 from wheelhouse.config import Config
-from wheelhouse.errors import (
-    BuildFailed,
-    InvalidBuildSpec,
-    InvalidVariant,
-    SandboxUnavailable,
-    WheelhouseError,
-)
+from wheelhouse.errors import BuildFailed, InvalidBuildSpec, InvalidVariant, WheelhouseError
 from wheelhouse.index.storage import open_storage
 from wheelhouse.recipes.book import check_allowed
 from wheelhouse.redisconn import connect
 from worker import build
 from worker.capabilities import DEFAULT_ROOTS, discover
 from worker.console import ConsoleReporter, cancel_on_interrupt
+from worker.errors import SandboxUnavailable
 from worker.lifecycle import check_sandbox, default_name, run_worker, select_queues
 from worker.supervision.reaper import become_subreaper
 from worker.toolkits.provision import Sources, prepare, toolkit_root, wanted_versions

@@ -12,7 +12,8 @@ How a build uses it (torch 2.14's ``torch.utils.cpp_extension``, read there, not
   cache), so every build sets it (:data:`NO_WRAPPER`, in ``worker.buildenv.compile_env``).
 
 The server runs *inside* the compile: :meth:`CompileCache.wrap` turns the compile's command into
-``python -I -c WRAPPER PAYLOAD``, which starts the build's own sccache server (foreground, own
+``python -I -c WRAPPER PAYLOAD``, where ``WRAPPER`` is the source of
+:mod:`worker.compilecache_wrapper`; it starts the build's own sccache server (foreground, own
 process group, reached over a unix socket), runs the compile with the launchers in its
 environment, writes the server's statistics to a file and stops it. So the server and the
 compilers it runs (as its children) are part of the build's process tree, carry its cookie, and
@@ -58,9 +59,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wheelhouse.builds.facts import CompileCacheStats
-from wheelhouse.errors import UnsafePath
 from wheelhouse.index.layout import compile_cache_prefix
 from wheelhouse.index.storage import Storage
+from worker import compilecache_wrapper
+from worker.errors import UnsafePath
 from worker.sandbox import safefs
 
 #: The sccache release wheelhouse pins (pyproject). See :func:`nvcc_cacheable`.
@@ -161,78 +163,8 @@ _LAUNCHER = """#!/bin/sh
 exec "{sccache}" "{compiler}" "$@"
 """
 
-# Runs in the build's Python (any version from 3.9), inside the build (and its sandbox), so it
-# uses nothing newer and nothing of wheelhouse. argv[1] is the JSON payload of CompileCache.wrap.
-WRAPPER = r"""
-import json, os, subprocess, sys, tempfile, time
-p = json.loads(sys.argv[1])
-sock = p["socket"]
-short = None
-if len(os.fsencode(sock)) >= 100:  # sun_path holds 108 bytes with the NUL
-    # In /tmp, not TMPDIR: the build's TMPDIR lies in its (long) workspace path.
-    short = tempfile.mkdtemp(prefix="wh-sccache-", dir="/tmp")
-    sock = os.path.join(short, "sccache.sock")
-client = dict(os.environ, SCCACHE_SERVER_UDS=sock)
-server_env = dict(client, **p["server_env"])
-server_env.update(SCCACHE_START_SERVER="1", SCCACHE_NO_DAEMON="1", SCCACHE_IDLE_TIMEOUT="0",
-                  SCCACHE_ERROR_LOG=p["log"], SCCACHE_LOG="warn")
-server_env[p["mark"]] = "1"
-stats = [p["sccache"], "--show-stats", "--stats-format=json"]
-
-def answers():
-    try:
-        return subprocess.run(stats, env=client, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-def unlink(path):
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-server = None
-unlink(sock)  # a killed build's: the server would not bind
-try:
-    with open(p["log"], "ab") as log:
-        # Its own process group: the memory governor counts each of its children as one job.
-        server = subprocess.Popen([p["sccache"]], env=server_env, stdin=subprocess.DEVNULL,
-                                  stdout=log, stderr=log, preexec_fn=os.setpgrp)
-    deadline = time.monotonic() + 30
-    while server.poll() is None and time.monotonic() < deadline:
-        if os.path.exists(sock) and answers():
-            break
-        time.sleep(0.1)
-    else:
-        raise OSError("the server did not answer within 30 s (exit %s)" % server.poll())
-except OSError as exc:
-    print("wheelhouse: compile cache unavailable, compiling without it: %s" % exc, flush=True)
-    if server is not None and server.poll() is None:
-        server.kill()
-        server.wait()
-    server = None
-env = dict(client, **p["client_env"]) if server is not None else dict(os.environ)
-print("wheelhouse: compile cache: %s" % (p["describe"] if server else "off"), flush=True)
-code = subprocess.call(p["argv"], env=env)
-if server is not None:
-    out = subprocess.run(stats, env=client, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                         timeout=60)
-    if out.returncode == 0:
-        with open(p["stats"], "wb") as f:
-            f.write(out.stdout)
-    subprocess.run([p["sccache"], "--stop-server"], env=client, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=60)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait()
-unlink(sock)
-if short:
-    os.rmdir(short)
-sys.exit(code if code >= 0 else 128 - code)
-"""
+#: The source of :mod:`worker.compilecache_wrapper`, which each compile runs as ``python -I -c``.
+WRAPPER = Path(compilecache_wrapper.__file__).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,11 @@ from wheelhouse.builds.meta import JobMeta
 from wheelhouse.builds.queue import fetch_job
 from wheelhouse.builds.spec import queue_name
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.redisconn import connect
 from wheelhouse.retry import WORKER_RECONNECT
 from wheelhouse.variants import normalize_cuda
+from worker.errors import SandboxUnavailable
 from worker.sandbox.wrapper import Sandbox, startup_check
 from worker.supervision.reaper import become_subreaper, build_id_base, pid_alive, sweep_orphans
 

@@ -138,7 +138,7 @@ def test_a_build_that_attacks_the_edge_ends_classified_or_correct(
 
 
 def test_an_unregistered_writable_place_is_refused(tmp_path: Path) -> None:
-    from wheelhouse.errors import SandboxUnavailable
+    from worker.errors import SandboxUnavailable
 
     where = {"build": tmp_path / "b", "source": tmp_path / "src" / "p-1", "cache": tmp_path / "c"}
     assert writable_place(tmp_path / "b" / "dist", **where) == "{build}/dist"

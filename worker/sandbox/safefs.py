@@ -16,7 +16,7 @@ blocks whoever opens it, a device, a socket, or a sparse file of terabytes. So h
 - writes create fresh files (``O_CREAT | O_EXCL | O_NOFOLLOW``), never write through what is
   there; trees are walked and removed by descriptor.
 
-Every refusal is :class:`~wheelhouse.errors.UnsafePath` with one line saying what was found.
+Every refusal is :class:`~worker.errors.UnsafePath` with one line saying what was found.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from wheelhouse.errors import UnsafePath
+from worker.errors import UnsafePath
 
 MAX_DEPTH = 256
 """Deepest directory nesting walked in a build's tree; deeper is refused."""

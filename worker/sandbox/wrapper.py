@@ -24,35 +24,35 @@ An sdist is arbitrary code. Everything that runs it (metadata preparation, the b
 
 What leaves the sandbox is only what the worker reads back from the writable paths after the
 sandbox's processes are all dead, and only by descriptor (:mod:`worker.sandbox.safefs`):
-:func:`take_wheel` copies out one regular file, never following a link the build may have
-planted. :class:`DiskQuota` caps what a build writes, :class:`TreeLimits` its processes and
-memory; :mod:`worker.sandbox.seccomp` denies it user namespaces and kernel keyrings.
+:func:`worker.sandbox.takeout.take_wheel` copies out one regular file, never following a link the
+build may have planted. :mod:`worker.sandbox.limits` caps what a build writes, its processes and
+memory; :mod:`worker.sandbox.uids` gives each build a uid of its own;
+:mod:`worker.sandbox.seccomp` denies it user namespaces and kernel keyrings.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import psutil
-
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable, UnsafePath
-from worker.sandbox import safefs, seccomp
+from wheelhouse.errors import BuildFailed, FailureKind
+from worker.errors import SandboxUnavailable
+from worker.sandbox import seccomp
+from worker.sandbox.limits import GIB, MAX_DEPTH, TooDeep, walk_tree
+from worker.sandbox.uids import claim_uid, uid_range
 
 MODES = ("on", "off")
 """Values of ``WHEELHOUSE_BUILD_SANDBOX``; ``off`` is the only way to build unsandboxed."""
 
-GIB = 1024**3
 TMPFS_BYTES = 1 * GIB
 """Size cap of the private ``/tmp`` and ``/dev/shm`` (RAM-backed); ``TMPDIR`` points at the
 workspace, so only programs that hard-code ``/tmp`` land here."""
@@ -146,20 +146,6 @@ def python_prefix(python: Path) -> Path | None:
     return None
 
 
-def uid_range(text: str) -> tuple[int, int]:
-    """``WHEELHOUSE_BUILD_UID_RANGE`` (``65500-65531``, or one uid) as (first, last)."""
-    first, sep, last = text.strip().partition("-")
-    try:
-        low, high = int(first), int(last if sep else first)
-    except ValueError:
-        raise ValueError(f"WHEELHOUSE_BUILD_UID_RANGE must be FIRST-LAST, got {text[:40]!r}"
-                         ) from None
-    if not 0 < low <= high or high - low > 65535:
-        raise ValueError(f"WHEELHOUSE_BUILD_UID_RANGE must be FIRST-LAST of unprivileged uids "
-                         f"(not 0), got {text[:40]!r}")
-    return low, high
-
-
 @dataclass(frozen=True)
 class Sandbox:
     """How this worker sandboxes builds; build one with :meth:`from_config`."""
@@ -213,21 +199,8 @@ class Sandbox:
         """
         if not self.as_root or self.slots_dir is None:
             return self, None
-        _lock_dir(self.slots_dir)
-        while True:
-            for uid in range(self.uids[0], self.uids[1] + 1):
-                fd = os.open(self.slots_dir / str(uid),
-                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                return replace(self, uid=uid, gid=uid), fd
-            if wait is None:
-                raise SandboxUnavailable(f"every build uid of {self.uids[0]}-{self.uids[1]} is "
-                                         "in use (WHEELHOUSE_BUILD_UID_RANGE)")
-            wait()
+        uid, fd = claim_uid(self.slots_dir, self.uids, wait=wait)
+        return replace(self, uid=uid, gid=uid), fd
 
     @property
     def build_uids(self) -> frozenset[int]:
@@ -381,32 +354,6 @@ class Sandbox:
         return [*out, *argv]
 
 
-def _lock_dir(path: Path) -> None:
-    """Create the host-wide uid lock directory, root's and 0700, or check the one there.
-
-    Builds must not reach it: a build uid that could replace a lock file could make two
-    builds share a uid. So it is a real directory of the worker's, writable by it alone.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
-    # Checked and fixed through one descriptor: no link followed, no swap between the two.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        fd = -1
-    try:
-        st = os.fstat(fd) if fd >= 0 else None
-        if st is None or st.st_uid != os.geteuid():
-            raise SandboxUnavailable(f"{path} (WHEELHOUSE_BUILD_UID_LOCK_DIR) is not a "
-                                     "directory of the worker's own")
-        if stat.S_IMODE(st.st_mode) != 0o700:
-            os.fchmod(fd, 0o700)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
 def _is_system(path: Path) -> bool:
     """Already visible through a system mount (e.g. a toolkit under /usr/local)."""
     return any(path.is_relative_to(name) for name in SYSTEM_PATHS)
@@ -425,59 +372,13 @@ def _parents_to_create(paths: Sequence[Path]) -> list[Path]:
     return sorted(parents, key=lambda p: len(p.parts))
 
 
-MAX_DEPTH = 256
-"""Deepest directory nesting the worker walks in a build's tree (an sdist's, or what it wrote)."""
-
-
-class _TooDeep(Exception):
-    pass
-
-
-def _walk(root: Path) -> Iterator[tuple[int, str, os.stat_result]]:
-    """``(directory fd, name, lstat)`` of everything below ``root``, depth first.
-
-    Relative to open directory descriptors, never through built-up paths: links are never
-    followed and no path grows past ``PATH_MAX``, however deep a hostile tree is. Raises
-    ``_TooDeep`` past ``MAX_DEPTH`` levels, which bounds the descriptors held open.
-    """
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    top = os.open(root, flags)
-    stack = [(top, os.scandir(top))]
-    try:
-        while stack:
-            fd, entries = stack[-1]
-            entry = next(entries, None)
-            if entry is None:
-                entries.close()
-                os.close(fd)
-                stack.pop()
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # removed while we looked
-            yield fd, entry.name, st
-            if stat.S_ISDIR(st.st_mode):
-                if len(stack) >= MAX_DEPTH:
-                    raise _TooDeep
-                try:
-                    sub = os.open(entry.name, flags, dir_fd=fd)
-                except OSError:
-                    continue
-                stack.append((sub, os.scandir(sub)))
-    finally:
-        for fd, entries in stack:
-            entries.close()
-            os.close(fd)
-
-
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     os.chown(root, uid, gid, follow_symlinks=False)
     try:
-        for dir_fd, name, _ in _walk(root):
+        for dir_fd, name, _ in walk_tree(root):
             with contextlib.suppress(FileNotFoundError):
                 os.chown(name, uid, gid, dir_fd=dir_fd, follow_symlinks=False)
-    except _TooDeep:
+    except TooDeep:
         raise BuildFailed(FailureKind.TOO_LARGE,
                           f"{root.name} nests directories deeper than {MAX_DEPTH} levels"
                           ) from None
@@ -551,264 +452,3 @@ def _check(config: Config, sandbox: Sandbox) -> str | None:
         why = lines[-1].strip() if lines else f"exit status {done.returncode}"
         return f"the build sandbox cannot be created: {why[:300]}"
     return None
-
-
-# --- limits -------------------------------------------------------------------------------
-
-
-class DiskQuota:
-    """A cap on what a build writes into its writable paths, enforced by polling.
-
-    Kernel quotas would be exact but need a filesystem prepared for them (project quotas) or a
-    loop device per build, which neither containers nor most hosts give a worker (and a sized
-    tmpfs per build would put its whole workspace in RAM). So the worker measures, every
-    ``every`` seconds from the reaper's tick, the blocks allocated below the paths (st_blocks,
-    never st_size, so a sparse file counts what it holds and a preallocated one all of it;
-    hard links counted once, links never followed) and the files the build's processes hold
-    open, or mapped, after unlinking them (found through ``/proc/<pid>/fd`` and
-    ``/proc/<pid>/map_files``, stat-ed there, never opened), and kills the build past the cap:
-    it may overshoot by what the build writes between two looks. The RAM-backed ``/tmp`` and
-    ``/dev/shm`` have their own hard cap (``TMPFS_BYTES``).
-
-    ``shared`` paths outlive the build (the compile cache's directory): only what they grow by
-    after the quota is made counts, not what earlier builds left there.
-    """
-
-    def __init__(self, paths: Iterable[Path], limit_bytes: int, *, every: float = 5.0,
-                 max_entries: int = 2_000_000, shared: Iterable[Path] = ()) -> None:
-        self.paths = tuple(paths)
-        self.shared = tuple(shared)
-        self.limit_bytes = limit_bytes
-        self.every = every
-        self.max_entries = max_entries
-        self.peak = 0
-        self.peak_unlinked = 0
-        """Most bytes seen in files the build held open after unlinking them."""
-        self._next = 0.0
-        self._shared_before = self._measure(self.shared)
-
-    @classmethod
-    def from_config(cls, config: Config, paths: Iterable[Path],
-                    shared: Iterable[Path] = ()) -> DiskQuota | None:
-        if config.build_disk_limit_gib <= 0:
-            return None
-        return cls(paths, int(config.build_disk_limit_gib * GIB), shared=shared)
-
-    def usage(self, processes: Iterable[psutil.Process] = ()) -> int:
-        """Bytes the build holds below the paths (and has added below the shared ones), and in
-        unlinked files ``processes`` keep open there; raise ``BuildFailed`` for a tree too big
-        to walk."""
-        unlinked = self._unlinked(processes)
-        total = (self._measure(self.paths) + unlinked
-                 + max(0, self._measure(self.shared) - self._shared_before))
-        self.peak = max(self.peak, total)
-        self.peak_unlinked = max(self.peak_unlinked, unlinked)
-        return total
-
-    def _measure(self, paths: Iterable[Path]) -> int:
-        linked: set[tuple[int, int]] = set()  # only multiply-linked files: a set of all is big
-        total = entries = 0
-        try:
-            for root in paths:
-                for _, _, st in _walk(root):
-                    entries += 1
-                    if entries > self.max_entries:
-                        raise BuildFailed(FailureKind.TOO_LARGE,
-                                          f"the build created more than {self.max_entries} "
-                                          "files and directories in its workspace")
-                    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                        if (st.st_dev, st.st_ino) in linked:
-                            continue
-                        linked.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-        except _TooDeep:
-            raise BuildFailed(FailureKind.TOO_LARGE,
-                              f"the build nested directories deeper than {MAX_DEPTH} levels"
-                              ) from None
-        return total
-
-    def _unlinked(self, processes: Iterable[psutil.Process]) -> int:
-        """Blocks of the unlinked regular files the processes hold, on the filesystems of the
-        capped paths (each inode once: many descriptors may share one file)."""
-        devices = set()
-        for root in (*self.paths, *self.shared):
-            with contextlib.suppress(OSError):
-                devices.add(os.lstat(root).st_dev)
-        seen: set[tuple[int, int]] = set()
-        total = looked = 0
-        for proc in processes:
-            for handle in _unlinked_handles(proc.pid):
-                looked += 1
-                if looked > self.max_entries:
-                    raise BuildFailed(FailureKind.TOO_LARGE,
-                                      f"the build held more than {self.max_entries} files open")
-                try:
-                    st = os.stat(handle)  # the open file itself; the kernel resolves it
-                except OSError:
-                    continue  # closed, or the process ended, while we looked
-                key = (st.st_dev, st.st_ino)
-                if stat.S_ISREG(st.st_mode) and st.st_dev in devices and key not in seen:
-                    seen.add(key)
-                    total += st.st_blocks * 512
-        return total
-
-    def check(self, processes: Callable[[], Iterable[psutil.Process]] | None = None) -> None:
-        """Measure when due; raise ``BuildFailed`` (too-large) past the cap.
-
-        Call it from ``BuildProcess.wait``'s ``on_tick`` with ``BuildProcess.processes``: an
-        exception there kills the tree.
-        """
-        now = time.monotonic()
-        if now < self._next:
-            return
-        self._next = now + self.every
-        used = self.usage(processes() if processes is not None else ())
-        if used > self.limit_bytes:
-            held = (f", {_size(self.peak_unlinked)} of it in files it unlinked but kept open"
-                    if self.peak_unlinked else "")
-            raise BuildFailed(FailureKind.TOO_LARGE,
-                              f"the build wrote {_size(used)} into its workspace{held}, over "
-                              f"the {_size(self.limit_bytes)} cap "
-                              "(WHEELHOUSE_BUILD_DISK_LIMIT_GIB)")
-
-
-_DELETED = " (deleted)"
-_MAX_MAPS_BYTES = 16 * 1024 * 1024
-
-
-def _unlinked_handles(pid: int) -> Iterator[str]:
-    """``/proc`` paths of the files ``pid`` holds open or mapped whose names are gone.
-
-    Only the kernel's own text is read (link targets, ``maps``); the files are stat-ed
-    through these paths by the caller, never opened.
-    """
-    fds = f"/proc/{pid}/fd"
-    try:
-        names = os.listdir(fds)
-    except OSError:
-        return
-    for name in names:
-        try:
-            target = os.readlink(f"{fds}/{name}")
-        except OSError:
-            continue
-        if target.endswith(_DELETED):
-            yield f"{fds}/{name}"
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as maps:
-            text = maps.read(_MAX_MAPS_BYTES)
-    except OSError:
-        return
-    for line in text.splitlines():
-        # start-end perms offset dev inode path; the kernel escapes newlines in the path.
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[4] != b"0" and line.endswith(_DELETED.encode()):
-            yield f"/proc/{pid}/map_files/{fields[0].decode()}"
-
-
-# --- what leaves the sandbox --------------------------------------------------------------
-
-
-MAX_WHEEL_BYTES = 16 * GIB
-"""Largest wheel the worker copies out of a build (flash-attn's are a few hundred MiB)."""
-
-
-def take_wheel(dist: Path, dest: Path, *, max_bytes: int = MAX_WHEEL_BYTES) -> Path:
-    """Copy the one wheel the build left in ``dist`` into ``dest`` (a directory the worker owns).
-
-    Call it only once every process of the sandbox is dead. ``dist`` must be a directory the
-    worker created in one the build never had; the build owned what is in it: a link there (to
-    the worker's credentials, say), a FIFO, device or socket is refused (``unsafe-result``),
-    never followed or opened, and the copy stops at ``max_bytes``.
-    """
-    try:
-        dirfd = safefs.open_dir(dist)
-    except (OSError, UnsafePath) as exc:
-        raise BuildFailed(FailureKind.COMPILE_ERROR,
-                          f"the build left no output directory: {exc}") from None
-    try:
-        with os.scandir(dirfd) as found:
-            entries = sorted(e.name for e in found if e.name.endswith(".whl"))
-        if len(entries) != 1:
-            raise BuildFailed(FailureKind.COMPILE_ERROR,
-                              f"the build produced {len(entries)} wheels, expected one")
-        name = entries[0]
-        if "/" in name or name.startswith("."):
-            raise BuildFailed(FailureKind.UNSAFE_RESULT, f"{name[:100]!r} is not a wheel's name")
-        dest.mkdir(parents=True, exist_ok=True)
-        target = dest / name
-        try:
-            safefs.copy_out(dirfd, name, target, max_bytes=max_bytes)
-        except UnsafePath as exc:
-            raise BuildFailed(FailureKind.UNSAFE_RESULT, str(exc)) from None
-    finally:
-        os.close(dirfd)
-    return target
-
-
-# --- what one build may hold at once ------------------------------------------------------
-
-
-class TreeLimits:
-    """Caps on a build's processes (and threads) and memory, checked from the reaper's tick.
-
-    The process cap is enforced by the kernel too: a root worker's sandbox sets the build uid's
-    ``RLIMIT_NPROC`` (:attr:`Sandbox.max_processes`), and each build has its own uid
-    (:meth:`Sandbox.claim`), so a fork bomb stops at the cap; reaching it ends the build here,
-    classified, instead of leaving it to fail in whatever way its programs fail. Memory is
-    capped by the build's cgroup (``memory.max``) where the worker has a writable one, and
-    always by this sampled sum of the tree's resident memory: it may overshoot by what the build
-    allocates between two looks, as the disk cap does.
-    """
-
-    def __init__(self, *, max_processes: int, max_bytes: int, every: float = 1.0,
-                 margin: int = 8) -> None:
-        self.max_processes = max_processes
-        self.max_bytes = max_bytes
-        self.every = every
-        self.margin = margin
-        self.peak_processes = 0
-        self.peak_bytes = 0
-        self._next = 0.0
-
-    @classmethod
-    def from_config(cls, config: Config) -> TreeLimits:
-        limit = int(config.build_memory_limit_gib * GIB)
-        if limit <= 0:
-            # The host's memory: a legitimate build that needs more is killed by the kernel
-            # first and retried as oom at half MAX_JOBS (the governor keeps it below anyway);
-            # a lower cap is for hosts that share their memory with more than one build.
-            limit = int(psutil.virtual_memory().total)
-        return cls(max_processes=max(0, config.build_max_processes), max_bytes=limit)
-
-    def check(self, processes: Callable[[], Iterable[psutil.Process]]) -> None:
-        """Measure when due; raise ``BuildFailed`` (too-large) at the caps.
-
-        ``processes`` gives the build's ``psutil.Process`` objects (``BuildProcess.processes``).
-        """
-        now = time.monotonic()
-        if now < self._next:
-            return
-        self._next = now + self.every
-        tasks = held = 0
-        for proc in processes():
-            try:
-                with proc.oneshot():
-                    tasks += proc.num_threads()
-                    held += proc.memory_info().rss
-            except psutil.Error:
-                continue
-        self.peak_processes = max(self.peak_processes, tasks)
-        self.peak_bytes = max(self.peak_bytes, held)
-        if self.max_processes and tasks >= self.max_processes - self.margin:
-            raise BuildFailed(FailureKind.TOO_LARGE,
-                              f"the build ran {tasks} processes and threads at once, at its cap "
-                              f"of {self.max_processes} (WHEELHOUSE_BUILD_MAX_PROCESSES)")
-        if held > self.max_bytes:
-            raise BuildFailed(FailureKind.TOO_LARGE,
-                              f"the build's processes held {_size(held)} of memory, over the "
-                              f"{_size(self.max_bytes)} cap (WHEELHOUSE_BUILD_MEMORY_LIMIT_GIB)")
-
-
-def _size(n: int) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n >> 20} MiB"

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from wheelhouse.builds.facts import AppliedPatch
-from wheelhouse.errors import BuildFailed, FailureKind, InvalidWheel, UnsafePath
+from wheelhouse.errors import BuildFailed, FailureKind, InvalidWheel
 from wheelhouse.index.publish import Checked, CheckedVariant
 from wheelhouse.index.variantwheels import label_for, sass_archs, variant_filename
 from wheelhouse.wheels import (
@@ -31,8 +31,10 @@ from wheelhouse.wheels import (
 )
 from worker import devicecode, loadcheck
 from worker.buildenv import sanitized_env
+from worker.errors import UnsafePath
 from worker.sandbox import safefs
-from worker.sandbox.wrapper import GIB, MAX_WHEEL_BYTES
+from worker.sandbox.limits import GIB
+from worker.sandbox.takeout import MAX_WHEEL_BYTES
 from worker.steps.context import BuildContext
 from worker.steps.venv import BuildVenv
 from worker.supervision.runner import Runner

@@ -31,7 +31,7 @@ from worker.buildenv import compile_env
 from worker.capabilities import nvcc_version, usable_cores
 from worker.failures import classify_log
 from worker.sandbox import safefs
-from worker.sandbox.wrapper import take_wheel
+from worker.sandbox.takeout import take_wheel
 from worker.steps.context import BuildContext
 from worker.steps.venv import BuildVenv
 from worker.supervision.governor import was_oom_killed
@@ -137,7 +137,7 @@ def take_wheel_out(ctx: BuildContext, dist: Path) -> Path:
     """Copy the one wheel the compile left in ``dist`` to where the worker owns it.
 
     The sandbox's processes are all dead: only now is what it left read, and only a copy of
-    one regular file leaves (:func:`worker.sandbox.wrapper.take_wheel`).
+    one regular file leaves (:func:`worker.sandbox.takeout.take_wheel`).
     """
     return take_wheel(dist, ctx.workspace / "out")
 

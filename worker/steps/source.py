@@ -14,10 +14,11 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from wheelhouse.builds.facts import AppliedPatch
-from wheelhouse.errors import BuildFailed, FailureKind, UnsafePath
+from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.index import layout
 from wheelhouse.recipes.patches import Patch
 from wheelhouse.wheels import sha256_file
+from worker.errors import UnsafePath
 from worker.sandbox import safefs
 from worker.sandbox.untrusted import patch_to_dict
 from worker.sdist import SdistLimits, download_sdist, fetch_stored_sdist, find_sdist

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from wheelhouse.builds.fleet import ToolkitInfo, pick_toolkit
-from wheelhouse.errors import BuildFailed, FailureKind, ToolkitUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind
 from worker.buildenv import install_env
 from worker.capabilities import DEFAULT_ROOTS, discover_toolkits
+from worker.errors import ToolkitUnavailable
 from worker.steps.context import BuildContext, uv_binary
 from worker.toolkits.provision import Sources, proof, provision, toolkit_root, wanted_versions
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import elftools
 import packaging
@@ -29,26 +29,22 @@ import packaging
 import wheelhouse
 import worker
 from wheelhouse.builds.facts import Reaped
-from wheelhouse.errors import (
-    BuildFailed,
-    FailureKind,
-    InfrastructureError,
-    SandboxUnavailable,
-    UnsafePath,
-)
+from wheelhouse.config import Config
+from wheelhouse.errors import BuildFailed, FailureKind, InfrastructureError
 from worker.buildenv import sanitized_env
+from worker.errors import SandboxUnavailable, UnsafePath
+from worker.events import Journal
 from worker.failures import classify_install, classify_unreachable
 from worker.sandbox import safefs
+from worker.sandbox.limits import DiskQuota, TreeLimits
 from worker.sandbox.wrapper import (
-    DiskQuota,
     Layout,
     Sandbox,
-    TreeLimits,
     python_prefix,
     startup_check,
     writable_place,
 )
-from worker.steps.context import BuildContext
+from worker.supervision.buildlog import BuildLog
 from worker.supervision.governor import MemoryGovernor
 from worker.supervision.reaper import BuildProcess, Outcome
 
@@ -72,11 +68,42 @@ class Ran:
     (:attr:`worker.supervision.governor.MemoryGovernor.compile_peaks`)."""
 
 
+T = TypeVar("T")
+
+
+class BuildScope(Protocol):
+    """What the runner reads of its build (a :class:`worker.steps.context.BuildContext` is
+    one): the host's settings, the build's id and places, its log and journal, and its retry
+    policy; nothing of its spec, recipe or storage."""
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def build_id(self) -> str: ...
+
+    @property
+    def workspace(self) -> Path: ...
+
+    @property
+    def source_root(self) -> Path: ...
+
+    @property
+    def log(self) -> BuildLog: ...
+
+    @property
+    def journal(self) -> Journal: ...
+
+    def say(self, line: str) -> None: ...
+
+    def retried(self, what: str, attempt: Callable[[], T]) -> T: ...
+
+
 @dataclass(frozen=True)
 class Runner:
     """Runs the programs of one build: supervised, logged, sandboxed where they run its code."""
 
-    ctx: BuildContext
+    ctx: BuildScope
     sandbox: Sandbox | None
     """None only with ``WHEELHOUSE_BUILD_SANDBOX=off``."""
     deadline: float
@@ -86,7 +113,7 @@ class Runner:
     """The lock on the build uid :meth:`Sandbox.claim` gave this build; :meth:`close` frees it."""
 
     @classmethod
-    def start(cls, ctx: BuildContext, *, deadline: float, timeout: float) -> Runner:
+    def start(cls, ctx: BuildScope, *, deadline: float, timeout: float) -> Runner:
         """Decide how this build is sandboxed, and say so in its log and record."""
         try:
             sandbox = Sandbox.from_config(ctx.config)
@@ -389,7 +416,7 @@ def _worker_interpreter() -> list[Path]:
     return out
 
 
-def _waiter(ctx: BuildContext, deadline: float, what: str) -> Callable[[], None]:
+def _waiter(ctx: BuildScope, deadline: float, what: str) -> Callable[[], None]:
     """Called between tries while a build waits for something of the host's: says so once,
     and ends the wait on a cancel or the deadline (:class:`BuildFailed`)."""
     said = False

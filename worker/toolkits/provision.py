@@ -43,9 +43,10 @@ from pathlib import Path
 
 from wheelhouse.builds.fleet import ToolkitInfo
 from wheelhouse.config import Config
-from wheelhouse.errors import InfrastructureError, ToolkitUnavailable
+from wheelhouse.errors import InfrastructureError
 from wheelhouse.variants import KNOWN_CUDA, normalize_cuda
 from worker.capabilities import machine, nvcc_version
+from worker.errors import ToolkitUnavailable
 from worker.toolkits import redist
 
 #: Wheels per CUDA major version; each gets ``==<major>.<minor>.*`` (CCCL: see the docstring).

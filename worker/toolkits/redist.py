@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from wheelhouse.errors import InfrastructureError, ToolkitUnavailable
+from wheelhouse.errors import InfrastructureError
+from worker.errors import ToolkitUnavailable
 
 DEFAULT_REDIST_URL = "https://developer.download.nvidia.com/compute/cuda/redist/"
 #: NVIDIA's platform names, by ``platform.machine()`` as wheelhouse normalizes it.

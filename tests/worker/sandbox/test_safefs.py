@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from wheelhouse.errors import UnsafePath
+from worker.errors import UnsafePath
 from worker.sandbox import safefs
 
 SECRET = b"the worker's secret"

@@ -29,18 +29,12 @@ from tests.helpers import Listener, host_addresses, make_venv
 from tests.worker.conftest import hostile_sdist
 from tests.worker.supervision.test_governor import JobStates
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed, FailureKind, SandboxUnavailable
+from wheelhouse.errors import BuildFailed, FailureKind
+from worker.errors import SandboxUnavailable
+from worker.sandbox.limits import GIB, MAX_DEPTH, DiskQuota, TreeLimits
+from worker.sandbox.takeout import take_wheel
 from worker.sandbox.untrusted import unpack
-from worker.sandbox.wrapper import (
-    GIB,
-    MAX_DEPTH,
-    DiskQuota,
-    Layout,
-    Sandbox,
-    python_prefix,
-    startup_check,
-    take_wheel,
-)
+from worker.sandbox.wrapper import Layout, Sandbox, python_prefix, startup_check
 from worker.supervision.governor import MemoryGovernor
 from worker.supervision.reaper import BUILD_ID_ENV, BuildProcess
 
@@ -427,74 +421,6 @@ def test_the_disk_quota_counts_files_held_open_after_unlinking_them(
     assert shutil.disk_usage(workspace.root).free > free_before - 128 * MiB
 
 
-def test_disk_quota_counts_allocated_blocks_not_sizes(tmp_path: Path) -> None:
-    data = tmp_path / "w"
-    data.mkdir()
-    with open(data / "sparse", "wb") as f:
-        f.truncate(GIB)  # a hole: nothing allocated
-    fd = os.open(data / "preallocated", os.O_RDWR | os.O_CREAT)
-    os.posix_fallocate(fd, 0, 8 * MiB)
-    os.close(fd)
-    assert 8 * MiB <= DiskQuota([data], GIB).usage() < 9 * MiB
-
-
-def test_disk_quota_counts_hard_links_once_and_follows_no_link(tmp_path: Path) -> None:
-    data = tmp_path / "w"
-    data.mkdir()
-    (data / "a").write_bytes(b"x" * MiB)
-    os.link(data / "a", data / "b")
-    (data / "link").symlink_to("/usr")
-    quota = DiskQuota([data], 10 * MiB)
-    assert MiB <= quota.usage() < 2 * MiB
-
-
-def test_disk_quota_counts_only_what_a_shared_directory_grows_by(tmp_path: Path) -> None:
-    """The compile cache outlives builds: what earlier builds left there is not this build's."""
-    own, cache = tmp_path / "own", tmp_path / "cache"
-    own.mkdir()
-    cache.mkdir()
-    (cache / "earlier").write_bytes(b"x" * 4 * MiB)
-    quota = DiskQuota([own], 3 * MiB, every=0, shared=[cache])
-    assert quota.usage() < MiB
-    quota.check()
-    (cache / "mine").write_bytes(b"x" * 2 * MiB)
-    (own / "obj").write_bytes(b"x" * 2 * MiB)
-    assert 4 * MiB <= quota.usage() < 5 * MiB
-    with pytest.raises(BuildFailed) as failed:
-        quota.check()
-    assert failed.value.kind is FailureKind.TOO_LARGE
-
-
-def test_take_wheel_copies_one_regular_file_and_refuses_links_and_fifos(
-    tmp_path: Path,
-) -> None:
-    secret = tmp_path / "credentials"
-    secret.write_text("secret")
-    dist = tmp_path / "dist"
-    dist.mkdir()
-    (dist / "a-1.0-py3-none-any.whl").symlink_to(secret)
-    with pytest.raises(BuildFailed, match="link") as failed:
-        take_wheel(dist, tmp_path / "out")
-    assert failed.value.kind is FailureKind.UNSAFE_RESULT
-    (dist / "a-1.0-py3-none-any.whl").unlink()
-    os.mkfifo(dist / "a-1.0-py3-none-any.whl")
-    with pytest.raises(BuildFailed, match="FIFO") as failed:
-        take_wheel(dist, tmp_path / "out")
-    assert failed.value.kind is FailureKind.UNSAFE_RESULT
-    (dist / "a-1.0-py3-none-any.whl").unlink()
-    (dist / "a-1.0-py3-none-any.whl").write_bytes(b"PK" * 100)
-    with pytest.raises(BuildFailed, match="cap"):
-        take_wheel(dist, tmp_path / "out", max_bytes=100)
-    (dist / "a-1.0-py3-none-any.whl").unlink()
-    (dist / "a-1.0-py3-none-any.whl").write_bytes(b"PK")
-    taken = take_wheel(dist, tmp_path / "out")
-    assert taken.read_bytes() == b"PK" and taken.parent == tmp_path / "out"
-    assert stat.S_ISREG(os.lstat(taken).st_mode)
-    (dist / "b-1.0-py3-none-any.whl").write_bytes(b"PK")
-    with pytest.raises(BuildFailed, match="2 wheels"):
-        take_wheel(dist, tmp_path / "out2")
-
-
 def test_prepare_gives_the_writable_paths_to_the_build_user(
     workspace: Workspace, sandbox: Sandbox,
 ) -> None:
@@ -620,7 +546,6 @@ def test_a_build_past_its_process_or_memory_cap_ends_classified(
 ) -> None:
     from dataclasses import replace
 
-    from worker.sandbox.wrapper import TreeLimits
 
     capped = replace(sandbox, max_processes=limits["max_processes"] or sandbox.max_processes)
     tree = TreeLimits(max_processes=limits["max_processes"], max_bytes=limits["max_bytes"],

@@ -21,8 +21,9 @@ import pytest
 
 from tests.helpers import free_port, serve_http
 from wheelhouse.builds.fleet import unavailable_reasons
-from wheelhouse.errors import InfrastructureError, ToolkitUnavailable
+from wheelhouse.errors import InfrastructureError
 from worker.capabilities import discover, discover_toolkits, machine
+from worker.errors import ToolkitUnavailable
 from worker.toolkits import redist
 from worker.toolkits.provision import Sources, prepare, proof, provision, wanted_versions
 
