@@ -1,4 +1,4 @@
-"""``wheelhouse worker``, ``wheelhouse build`` and ``wheelhouse workers``: the click commands.
+"""``wheelhouse worker``, ``build``, ``workers`` and ``prove``: the click commands.
 
 The worker's life cycle lives in ``worker.lifecycle``, the console output of a local build in
 ``worker.console``.
@@ -7,9 +7,11 @@ The worker's life cycle lives in ``worker.lifecycle``, the console output of a l
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,13 +28,15 @@ from wheelhouse.cli.main import pass_config, storage_option
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, InvalidBuildSpec, InvalidVariant, WheelhouseError
 from wheelhouse.index.storage import open_storage
-from wheelhouse.recipes.book import check_allowed
+from wheelhouse.recipes.book import check_allowed, load_recipe, recipe_dirs
 from wheelhouse.redisconn import connect
-from worker import build
+from wheelhouse.wheels import parse_name
+from worker import build, gpuproof
 from worker.capabilities import DEFAULT_ROOTS, discover
 from worker.console import ConsoleReporter, cancel_on_interrupt
 from worker.errors import SandboxUnavailable
 from worker.lifecycle import check_sandbox, default_name, run_worker, select_queues
+from worker.steps.context import uv_binary
 from worker.supervision.reaper import become_subreaper
 from worker.toolkits.provision import Sources, prepare, toolkit_root, wanted_versions
 
@@ -210,3 +214,31 @@ def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
                    f"queues {' '.join(ad.queues)}  {job}  beat {now - ad.heartbeat_at:.0f}s ago")
         for cuda, why in sorted(ad.unavailable.items()):
             click.echo(f"  not offered: CUDA {cuda}: {why}")
+
+
+@click.command("prove")
+@click.argument("wheel", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--python", "python", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The interpreter of a venv holding the wheel's torch; the wheel is "
+                   "installed into it first (uv pip install --no-deps --reinstall).")
+@click.option("--json", "as_json", is_flag=True, help="The result as one JSON object.")
+@pass_config
+def prove_command(config: Config, wheel: Path, python: Path, as_json: bool) -> None:
+    """Prove WHEEL on this host's GPU: its libraries load, the GPU's architecture is among its
+    SASS, and its recipe's proof passes. Exit 0 proven, 1 failed, 3 nothing proven (no GPU)."""
+    try:
+        project = parse_name(wheel.name).project
+        recipe = load_recipe(project, recipe_dirs(config))
+    except (WheelhouseError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    installed = subprocess.run([uv_binary(), "pip", "install", "-q", "--python", str(python),
+                                "--no-deps", "--reinstall", str(wheel)], capture_output=True,
+                               text=True, check=False)
+    if installed.returncode != 0:
+        tail = (installed.stderr.strip().splitlines() or ["no output"])[-1]
+        raise click.ClickException(f"could not install {wheel.name} into {python}: {tail}")
+    result = gpuproof.prove(python, wheel, recipe)
+    click.echo(json.dumps(dataclasses.asdict(result)) if as_json else
+               f"{wheel.name}: {result.line()}")
+    sys.exit(0 if result.passed else (1 if result.proven else 3))

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 BUILTIN_DIR = Path(__file__).parent
 GENERIC = "generic"
+#: The GPU proofs a recipe may name (``worker.gpuproof_program.PROOFS`` runs them): ``generic``
+#: (the GPU's architecture among the wheel's SASS, a kernel run), ``flash-attn`` (then
+#: ``flash_attn_func`` forward and backward against a reference attention, fp16 and bf16).
+GPU_PROOFS = ("generic", "flash-attn")
 GIB = 1024**3
 
 #: Names a recipe's ``[env]`` values may use.
@@ -71,6 +75,9 @@ class Recipe:
     """A request for several architectures becomes one job per architecture by default
     (``wheelhouse.builds.fanout``), each publishing a single-arch wheel: for projects where each
     architecture is a long build, so that a fleet builds them side by side."""
+    gpu_proof: str = "generic"
+    """The named proof a GPU runs on its wheels (one of :data:`GPU_PROOFS`, code of the
+    product: a recipe runs no code of its own)."""
     env: Mapping[str, str] = field(default_factory=dict)
     patches: tuple[Patch, ...] = ()
     """Changes to the sdist, each scoped to project and torch versions."""
@@ -159,7 +166,7 @@ def parse_recipe(path: Path) -> Recipe:
         raise InvalidRecipe(f"{path}: {exc}") from None
     known = {"project", "description", "build_requires", "import_check", "load_check",
              "relabel", "default_archs", "job_memory_gib", "nvcc_threads", "ptx_target",
-             "split_archs", "env", "patch"}
+             "split_archs", "gpu_proof", "env", "patch"}
     unknown = set(data) - known
     if unknown:
         raise InvalidRecipe(f"{path}: unknown keys {sorted(unknown)}")
@@ -187,6 +194,10 @@ def parse_recipe(path: Path) -> Recipe:
     for key, value in (("relabel", relabel), ("ptx_target", ptx), ("split_archs", split)):
         if not isinstance(value, bool):
             raise InvalidRecipe(f"{path}: {key} must be true or false")
+    gpu_proof = data.get("gpu_proof", "generic")
+    if gpu_proof not in GPU_PROOFS:
+        raise InvalidRecipe(f"{path}: gpu_proof must be one of {', '.join(GPU_PROOFS)}, "
+                            f"not {gpu_proof!r}")
     recipe_name = canonicalize_name(name) if name != GENERIC else GENERIC
     recipe = Recipe(
         name=recipe_name,
@@ -200,6 +211,7 @@ def parse_recipe(path: Path) -> Recipe:
         nvcc_threads=threads,
         ptx_target=ptx,
         split_archs=split,
+        gpu_proof=gpu_proof,
         env=dict(env),
         patches=parse_patches(data.get("patch"), recipe=recipe_name, recipe_path=path),
         path=path,

@@ -1,0 +1,65 @@
+"""The GPU proof (issue 27): a program of the product's own, run in the wheel's Python, that
+never claims a proof that did not run. This host has no GPU: the real run below shows that
+nothing is claimed then; on a GPU host the same test checks the verdict names the GPU."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_console
+from wheelhouse.errors import InvalidRecipe
+from wheelhouse.recipes.book import GPU_PROOFS, available_recipes, parse_recipe
+from worker import gpuproof, gpuproof_program
+
+SOURCE = Path(gpuproof_program.__file__)
+
+
+def test_the_program_needs_only_the_standard_library_and_torch() -> None:
+    tree = ast.parse(SOURCE.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    assert gpuproof.PROGRAM == SOURCE.read_text()
+
+
+def test_recipes_name_a_proof_the_program_has() -> None:
+    assert set(GPU_PROOFS) == set(gpuproof_program.PROOFS)
+    recipes = available_recipes()
+    assert recipes["flash-attn"].gpu_proof == "flash-attn"
+    assert recipes["generic"].gpu_proof == "generic"
+
+
+def test_a_recipe_naming_an_unknown_proof_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "x.toml"
+    bad.write_text('project = "x"\ngpu_proof = "import os; os.system(\'id\')"\n')
+    with pytest.raises(InvalidRecipe, match="gpu_proof must be one of generic, flash-attn"):
+        parse_recipe(bad)
+
+
+@pytest.mark.nvcc
+def test_prove_on_this_host(cudaext_sm80_wheel: Path, session_torch_python: Path) -> None:
+    """The real command on a real wheel (the fixture extension, sm_80) in a real torch venv."""
+    done = run_console("prove", str(cudaext_sm80_wheel), "--python",
+                       str(session_torch_python), "--json")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    sees_gpu = subprocess.run([str(session_torch_python), "-c",
+                               "import torch, sys; sys.exit(0 if torch.cuda.is_available() "
+                               "else 1)"], check=False).returncode == 0
+    if not sees_gpu:
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert result["proven"] is False and result["passed"] is False
+        assert result["reason"] == "no GPU visible to torch: nothing was proven"
+        assert result["torch"].startswith("2.14.1") and result["gpu"] == ""
+    else:  # a GPU host: a verdict that names the GPU it ran on
+        assert done.returncode in (0, 1), done.stdout + done.stderr
+        assert result["proven"] is True and result["gpu"] and result["capability"]
+        if result["capability"] != "80":
+            assert result["passed"] is False and "not this GPU's" in result["reason"]
