@@ -30,9 +30,9 @@ from wheelhouse.variants import parse_variant
 
 ROOT = Path(__file__).resolve().parents[3]
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
-COMMANDS = ["build", "ca", "delete", "gc", "mirror", "projects", "publish", "request", "serve",
-            "token", "unyank", "variants", "verify", "verify-provenance", "worker", "workers",
-            "yank"]
+COMMANDS = ["build", "ca", "delete", "gc", "mirror", "projects", "prove", "publish", "request",
+            "serve", "token", "unyank", "variants", "verify", "verify-provenance", "worker",
+            "workers", "yank"]
 #: Every command that opens storage offers --storage.
 STORAGE_COMMANDS = ["build", "delete", "gc", "publish", "serve", "unyank", "verify", "yank"]
 
