@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from wheelhouse import keys
 from wheelhouse.config import Config, RateLimit, ReadAuth
 from wheelhouse.index.tokens import (
     TokenInfo,
@@ -25,9 +26,6 @@ from wheelhouse.index.tokens import (
 if TYPE_CHECKING:
     from redis import Redis
 
-
-#: Where the counters of :class:`Windows` live in Redis.
-RATE_PREFIX = "wheelhouse:rate:"
 
 
 @dataclass(frozen=True)
@@ -44,7 +42,7 @@ class Windows:
     @staticmethod
     def _key(key: str, limit: RateLimit, now: float) -> tuple[str, int]:
         window = int(now) // limit.seconds
-        return f"{RATE_PREFIX}{key}:{window}", (window + 1) * limit.seconds - int(now) or 1
+        return keys.rate(key, window), (window + 1) * limit.seconds - int(now) or 1
 
     def hit(self, key: str, limit: RateLimit) -> int | None:
         """Count one hit; the wait when this hit went over the limit."""

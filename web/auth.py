@@ -40,6 +40,7 @@ from werkzeug.exceptions import (
 
 from web.access import Windows
 from web.services import Services, services
+from wheelhouse import keys
 from wheelhouse.builds.queue import requester_of
 from wheelhouse.errors import QueueUnavailable
 from wheelhouse.index.tokens import TokenInfo
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SECRET_KEY = "wheelhouse:secret-key"  # noqa: S105 (a Redis key name)
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "X-CSRF-Token"
 #: Paths that never need read credentials (probes, the login form, static files).
@@ -78,8 +78,8 @@ def _shared_secret(conn: Redis | None) -> str:
     """One session secret for every server process: kept in Redis, else per process."""
     if conn is not None:
         try:
-            conn.set(SECRET_KEY, secrets.token_hex(32), nx=True)
-            raw = conn.get(SECRET_KEY)
+            conn.set(keys.SESSION_SECRET, secrets.token_hex(32), nx=True)
+            raw = conn.get(keys.SESSION_SECRET)
             if raw is not None:
                 return raw.decode() if isinstance(raw, bytes) else str(raw)
         except QueueUnavailable as exc:

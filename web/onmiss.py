@@ -16,6 +16,7 @@ from packaging.version import Version
 from redis.exceptions import RedisError
 
 from web.services import Services
+from wheelhouse import keys
 from wheelhouse.builds.queue import enqueue_build
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import WheelhouseError
@@ -25,7 +26,6 @@ from wheelhouse.variants import Variant
 log = logging.getLogger(__name__)
 #: One build-on-miss attempt per spec at most this often.
 RATE_SECONDS = 600
-RATE_PREFIX = "wheelhouse:onmiss:"
 
 
 def installer_python(user_agent: str) -> tuple[str, str] | None:
@@ -61,7 +61,7 @@ def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
             return None
         if project not in svc.recipes:
             return None
-        if not svc.redis.set(RATE_PREFIX + spec.job_id, "1", nx=True, ex=RATE_SECONDS):
+        if not svc.redis.set(keys.onmiss(spec.job_id), "1", nx=True, ex=RATE_SECONDS):
             return None
         job = enqueue_build(svc.redis, spec, timeout=svc.config.build_timeout)
     except (WheelhouseError, RedisError) as exc:

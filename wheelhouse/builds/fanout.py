@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from wheelhouse import keys
 from wheelhouse.builds.queue import KEEP_SECONDS, BuildState, BuildStatus, cancel_build, get_build
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import InvalidBuildSpec
@@ -33,9 +34,6 @@ if TYPE_CHECKING:
 
 #: Every split request's id starts with this; build job ids start with ``build-``.
 PREFIX = "split-"
-RECORD_PREFIX = "wheelhouse:split:"
-#: Request ids by creation time (a sorted set), for the pages that list recent requests.
-INDEX_KEY = "wheelhouse:splits"
 RECORD_VERSION = 1
 
 
@@ -117,12 +115,12 @@ class SplitRequest:
 def record_request(conn: Redis, request: SplitRequest) -> tuple[SplitRequest, bool]:
     """Keep ``request`` unless a request of that id exists; return the kept one and whether
     it is new (idempotent: the first record's parts stay, whatever a recipe says later)."""
-    key = RECORD_PREFIX + request.id
+    key = keys.split(request.id)
     created = bool(conn.set(key, json.dumps(request.to_dict()), nx=True, ex=KEEP_SECONDS))
     if created:
         with conn.pipeline() as pipe:
-            pipe.zadd(INDEX_KEY, {request.id: request.created_at})
-            pipe.zremrangebyscore(INDEX_KEY, "-inf", time.time() - KEEP_SECONDS)
+            pipe.zadd(keys.SPLITS, {request.id: request.created_at})
+            pipe.zremrangebyscore(keys.SPLITS, "-inf", time.time() - KEEP_SECONDS)
             pipe.execute()
         return request, True
     existing = load_request(conn, request.id)
@@ -131,7 +129,7 @@ def record_request(conn: Redis, request: SplitRequest) -> tuple[SplitRequest, bo
 
 def load_request(conn: Redis, request_id: str) -> SplitRequest | None:
     """The split request ``request_id``, or None if there is none (or none readable)."""
-    raw = conn.get(RECORD_PREFIX + request_id)
+    raw = conn.get(keys.split(request_id))
     if raw is None:
         return None
     try:
@@ -143,14 +141,14 @@ def load_request(conn: Redis, request_id: str) -> SplitRequest | None:
 def recent_requests(conn: Redis, limit: int = 50) -> list[SplitRequest]:
     """The newest split requests first, at most ``limit``; expired ones are dropped."""
     ids = [i.decode() if isinstance(i, bytes) else str(i)
-           for i in conn.zrevrange(INDEX_KEY, 0, limit - 1)]
+           for i in conn.zrevrange(keys.SPLITS, 0, limit - 1)]
     if not ids:
         return []
-    raws = conn.mget([RECORD_PREFIX + i for i in ids])
+    raws = conn.mget([keys.split(i) for i in ids])
     out = []
     for rid, raw in zip(ids, raws, strict=True):
         if raw is None:
-            conn.zrem(INDEX_KEY, rid)
+            conn.zrem(keys.SPLITS, rid)
             continue
         try:
             out.append(SplitRequest.from_dict(json.loads(raw)))

@@ -19,14 +19,13 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from wheelhouse import keys
 from wheelhouse.builds.spec import BuildSpec, queue_name
 from wheelhouse.shapes import known_fields
 from wheelhouse.variants import KNOWN_CUDA
 
 if TYPE_CHECKING:
     from redis import Redis
-
-AD_PREFIX = "wheelhouse:worker:"
 
 
 @dataclass(frozen=True)
@@ -130,20 +129,20 @@ def queues_for(toolkit_versions: Iterable[str], machine: str,
 def advertise(conn: Redis, ad: WorkerAd, *, ttl: float) -> None:
     """Write (or refresh) the advertisement; it vanishes ``ttl`` seconds after the last beat."""
     fresh = replace(ad, heartbeat_at=time.time())
-    conn.set(AD_PREFIX + ad.name, fresh.to_json(), px=max(1, int(ttl * 1000)))
+    conn.set(keys.worker(ad.name), fresh.to_json(), px=max(1, int(ttl * 1000)))
 
 
 def withdraw(conn: Redis, name: str) -> None:
-    conn.delete(AD_PREFIX + name)
+    conn.delete(keys.worker(name))
 
 
 def live_workers(conn: Redis) -> list[WorkerAd]:
     """Every worker whose advertisement has not expired, by name."""
-    keys = sorted(conn.scan_iter(match=AD_PREFIX + "*", count=500))
-    if not keys:
+    names = sorted(conn.scan_iter(match=keys.WORKERS, count=500))
+    if not names:
         return []
     ads = []
-    for raw in conn.mget(keys):
+    for raw in conn.mget(names):
         if raw is None:
             continue  # expired between SCAN and MGET
         try:

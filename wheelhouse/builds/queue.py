@@ -25,6 +25,7 @@ from rq.registry import (
     StartedJobRegistry,
 )
 
+from wheelhouse import keys
 from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.builds.fleet import explain_unservable
 from wheelhouse.builds.job import JOB_FUNCTION, SERIALIZER, BuildJob
@@ -37,11 +38,6 @@ if TYPE_CHECKING:
     from redis import Redis
     from rq.job import Job
 
-LOG_PREFIX = "wheelhouse:log:"
-LOG_COUNT_PREFIX = "wheelhouse:logn:"
-CANCEL_PREFIX = "wheelhouse:cancel:"
-#: The token name that requested a build or a split request (``record_requester``).
-REQUESTER_PREFIX = "wheelhouse:requester:"
 #: Lines of live log kept in Redis per build; the full log goes to storage.
 LOG_KEEP = 2000
 #: How long results, failures and logs stay in Redis.
@@ -163,8 +159,8 @@ def enqueue_build(
         if not (rerun_failed and state in (BuildState.FAILED, BuildState.CANCELLED)):
             return Enqueued(job_id, state, created=False)
         existing.delete()
-        conn.delete(LOG_PREFIX + job_id, LOG_COUNT_PREFIX + job_id, CANCEL_PREFIX + job_id,
-                    REQUESTER_PREFIX + job_id)
+        conn.delete(keys.log(job_id), keys.log_count(job_id), keys.cancel(job_id),
+                    keys.requester(job_id))
     queue = Queue(spec.queue_name, connection=conn, job_class=BuildJob, serializer=SERIALIZER)
     try:
         queue.enqueue(
@@ -228,7 +224,7 @@ def cancel_build(conn: Redis, job_id: str) -> bool:
     if state is BuildState.BUILDING:
         # The worker polls this flag and kills the build's whole tree itself; RQ's own stop
         # command would kill only the work horse and leave the compilers running.
-        conn.set(CANCEL_PREFIX + job_id, str(time.time()), ex=KEEP_SECONDS)
+        conn.set(keys.cancel(job_id), str(time.time()), ex=KEEP_SECONDS)
         return True
     return False
 
@@ -236,33 +232,33 @@ def cancel_build(conn: Redis, job_id: str) -> bool:
 def record_requester(conn: Redis, build_id: str, name: str) -> None:
     """Keep who requested the build (or split request) ``build_id``, as long as the build is
     kept; the first requester stays (a later request of the same spec joins that build)."""
-    conn.set(REQUESTER_PREFIX + build_id, name, nx=True, ex=KEEP_SECONDS)
+    conn.set(keys.requester(build_id), name, nx=True, ex=KEEP_SECONDS)
 
 
 def requester_of(conn: Redis, build_id: str) -> str | None:
     """The token name that requested ``build_id``; None where none was recorded (a build made
     on a miss, or before requesters were kept)."""
-    raw = conn.get(REQUESTER_PREFIX + build_id)
+    raw = conn.get(keys.requester(build_id))
     if raw is None:
         return None
     return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
 
 
 def cancel_requested(conn: Redis, job_id: str) -> bool:
-    return bool(conn.exists(CANCEL_PREFIX + job_id))
+    return bool(conn.exists(keys.cancel(job_id)))
 
 
 def append_log(conn: Redis, job_id: str, lines: list[str]) -> None:
     """Add lines to the live log (capped at :data:`LOG_KEEP`)."""
     if not lines:
         return
-    key = LOG_PREFIX + job_id
+    key = keys.log(job_id)
     with conn.pipeline() as pipe:
         pipe.rpush(key, *lines)
         pipe.ltrim(key, -LOG_KEEP, -1)
-        pipe.incrby(LOG_COUNT_PREFIX + job_id, len(lines))
+        pipe.incrby(keys.log_count(job_id), len(lines))
         pipe.expire(key, KEEP_SECONDS)
-        pipe.expire(LOG_COUNT_PREFIX + job_id, KEEP_SECONDS)
+        pipe.expire(keys.log_count(job_id), KEEP_SECONDS)
         pipe.execute()
 
 
@@ -273,8 +269,8 @@ def log_since(conn: Redis, job_id: str, offset: int = 0) -> tuple[list[str], int
     once the build ends); asking for them returns what is still there.
     """
     with conn.pipeline() as pipe:
-        pipe.get(LOG_COUNT_PREFIX + job_id)
-        pipe.lrange(LOG_PREFIX + job_id, 0, -1)
+        pipe.get(keys.log_count(job_id))
+        pipe.lrange(keys.log(job_id), 0, -1)
         raw_total, raw_lines = pipe.execute()
     total = int(raw_total or 0)
     lines = [b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in raw_lines]
@@ -284,7 +280,7 @@ def log_since(conn: Redis, job_id: str, offset: int = 0) -> tuple[list[str], int
 
 
 def log_tail(conn: Redis, job_id: str, lines: int = 200) -> list[str]:
-    raw = conn.lrange(LOG_PREFIX + job_id, -lines, -1)
+    raw = conn.lrange(keys.log(job_id), -lines, -1)
     return [b.decode(errors="replace") if isinstance(b, bytes) else str(b) for b in raw]
 
 

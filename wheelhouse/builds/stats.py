@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from wheelhouse import keys
+
 if TYPE_CHECKING:
     from redis import Redis
 
-KEY = "wheelhouse:stats"
 #: Upper bounds (seconds) of the build-duration histogram buckets.
 DURATION_BUCKETS = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, float("inf"))
 
@@ -30,21 +31,21 @@ def record_build(conn: Redis, *, state: str, seconds: float, reaped: int = 0,
                  pauses: int = 0) -> None:
     """Count one ended build (``state`` is a BuildState value or failure kind)."""
     pipe = conn.pipeline(transaction=False)
-    pipe.hincrby(KEY, f"ended:{state}", 1)
-    pipe.hincrbyfloat(KEY, "duration_sum", seconds)
-    pipe.hincrby(KEY, "duration_count", 1)
+    pipe.hincrby(keys.STATS, f"ended:{state}", 1)
+    pipe.hincrbyfloat(keys.STATS, "duration_sum", seconds)
+    pipe.hincrby(keys.STATS, "duration_count", 1)
     for bound in DURATION_BUCKETS:
         if seconds <= bound:
-            pipe.hincrby(KEY, f"le:{bound}", 1)
+            pipe.hincrby(keys.STATS, f"le:{bound}", 1)
     if reaped:
-        pipe.hincrby(KEY, "reaped_processes", reaped)
+        pipe.hincrby(keys.STATS, "reaped_processes", reaped)
     if pauses:
-        pipe.hincrby(KEY, "governor_pauses", pauses)
+        pipe.hincrby(keys.STATS, "governor_pauses", pauses)
     pipe.execute()
 
 
 def snapshot(conn: Redis) -> Snapshot:
-    raw = {k.decode(): v.decode() for k, v in conn.hgetall(KEY).items()}  # type: ignore[union-attr]
+    raw = {k.decode(): v.decode() for k, v in conn.hgetall(keys.STATS).items()}  # type: ignore[union-attr]
     ended = {k.split(":", 1)[1]: int(v) for k, v in raw.items() if k.startswith("ended:")}
     buckets = {b: int(raw.get(f"le:{b}", 0)) for b in DURATION_BUCKETS}
     return Snapshot(

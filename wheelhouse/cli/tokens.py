@@ -20,6 +20,7 @@ import click
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
+from wheelhouse import keys
 from wheelhouse.builds.queue import BuildState
 from wheelhouse.builds.sourcedir import pack_directory
 from wheelhouse.cli.main import pass_config
@@ -27,7 +28,6 @@ from wheelhouse.config import Config
 from wheelhouse.errors import WheelhouseError
 from wheelhouse.index.tokens import (
     DEFAULT_SCOPES,
-    LEGACY_PATTERNS,
     SCOPES,
     create_token,
     legacy_token_keys,
@@ -116,8 +116,8 @@ def token_list(config: Config) -> None:
     legacy = legacy_token_keys(conn)
     if legacy:
         click.echo(f"note: Redis holds {legacy} key(s) of the earlier token format "
-                   f"({' and '.join(LEGACY_PATTERNS)}); those tokens no longer work: create "
-                   "them anew, then delete the keys", err=True)
+                   f"({' and '.join(keys.LEGACY_TOKEN_PATTERNS)}); those tokens no longer "
+                   "work: create them anew, then delete the keys", err=True)
 
 
 def _call(method: str, url: str, token: str, body: dict[str, Any] | None = None,

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from packaging.utils import canonicalize_name
 
+from wheelhouse import keys
 from wheelhouse.errors import InvalidVariant, TokenError
 from wheelhouse.variants import parse_variant
 
@@ -39,11 +40,7 @@ if TYPE_CHECKING:
     from redis import Redis
     from redis.client import Pipeline
 
-TOKENS_KEY = "wheelhouse:tokens"
-SESSION_PREFIX = "wheelhouse:session:"
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}")
-#: Keys of the earlier format, which no longer authenticate (see the module's docstring).
-LEGACY_PATTERNS: tuple[str, ...] = ("wheelhouse:token:*", "wheelhouse:token-name:*")
 #: What a token may do. ``build`` requests and cancels builds; ``read`` reads a private index;
 #: ``upload`` publishes wheels with twine or uv; ``admin`` yanks, unyanks and deletes. Tokens
 #: made before ``upload`` and ``admin`` existed keep exactly the scopes they were given.
@@ -156,10 +153,10 @@ def create_token(
                              "with --replace")
         pipe.multi()
         if taken:
-            pipe.hdel(TOKENS_KEY, *taken)
-        pipe.hset(TOKENS_KEY, digest(token), record)
+            pipe.hdel(keys.TOKENS, *taken)
+        pipe.hset(keys.TOKENS, digest(token), record)
 
-    conn.transaction(create, TOKENS_KEY)
+    conn.transaction(create, keys.TOKENS)
     return token
 
 
@@ -173,9 +170,9 @@ def revoke_token(conn: Redis, name: str) -> bool:
         revoked[:] = [info.digest for info in _records(pipe) if info.name == name]
         pipe.multi()
         if revoked:
-            pipe.hdel(TOKENS_KEY, *revoked)
+            pipe.hdel(keys.TOKENS, *revoked)
 
-    conn.transaction(revoke, TOKENS_KEY)
+    conn.transaction(revoke, keys.TOKENS)
     return bool(revoked)
 
 
@@ -199,7 +196,7 @@ def _info(raw: bytes | str, d: str) -> TokenInfo | None:
 
 def _records(conn: Redis | Pipeline) -> list[TokenInfo]:
     out = []
-    for key, raw in conn.hgetall(TOKENS_KEY).items():
+    for key, raw in conn.hgetall(keys.TOKENS).items():
         d = key.decode(errors="replace") if isinstance(key, bytes) else str(key)
         info = _info(raw, d) if _DIGEST.fullmatch(d) else None
         if info is not None:
@@ -218,7 +215,7 @@ def lookup_digest(conn: Redis, d: str) -> TokenInfo | None:
     """The record for a token digest (as kept in a login session), if still live."""
     if not isinstance(d, str) or not _DIGEST.fullmatch(d):
         return None
-    raw = conn.hget(TOKENS_KEY, d)
+    raw = conn.hget(keys.TOKENS, d)
     return None if raw is None else _info(raw, d)
 
 
@@ -229,14 +226,14 @@ def list_tokens(conn: Redis) -> list[TokenInfo]:
 
 def legacy_token_keys(conn: Redis) -> int:
     """How many keys of the earlier token format are left in Redis (they authenticate nothing)."""
-    return sum(1 for pattern in LEGACY_PATTERNS
+    return sum(1 for pattern in keys.LEGACY_TOKEN_PATTERNS
                for _ in conn.scan_iter(match=pattern, count=500))
 
 
 def start_session(conn: Redis, token_digest: str, ttl_seconds: int) -> str:
     """A new login session for the token with this digest; its id, for the cookie."""
     sid = secrets.token_urlsafe(32)
-    conn.set(SESSION_PREFIX + digest(sid), token_digest, ex=max(1, ttl_seconds))
+    conn.set(keys.session(digest(sid)), token_digest, ex=max(1, ttl_seconds))
     return sid
 
 
@@ -244,7 +241,7 @@ def session_token(conn: Redis, sid: object) -> str | None:
     """The token digest a live session was started for; None once it ended or expired."""
     if not isinstance(sid, str) or not _SESSION_ID.fullmatch(sid):
         return None
-    raw = conn.get(SESSION_PREFIX + digest(sid))
+    raw = conn.get(keys.session(digest(sid)))
     if raw is None:
         return None
     return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
@@ -253,4 +250,4 @@ def session_token(conn: Redis, sid: object) -> str | None:
 def end_session(conn: Redis, sid: object) -> None:
     """End a login session (signing out): its cookie no longer signs anyone in."""
     if isinstance(sid, str) and _SESSION_ID.fullmatch(sid):
-        conn.delete(SESSION_PREFIX + digest(sid))
+        conn.delete(keys.session(digest(sid)))

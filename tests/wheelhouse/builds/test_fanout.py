@@ -9,8 +9,8 @@ import json
 import pytest
 from redis import Redis
 
+from wheelhouse import keys
 from wheelhouse.builds.fanout import (
-    RECORD_PREFIX,
     SplitRequest,
     cancel_request,
     is_request_id,
@@ -76,8 +76,8 @@ def test_the_record_is_kept_once_and_read_back(conn: Redis) -> None:
     assert load_request(conn, first.id) == first
     assert load_request(conn, "split-nope") is None
     assert [r.id for r in recent_requests(conn)] == [first.id]
-    assert 0 < conn.ttl(RECORD_PREFIX + first.id) <= 30 * 24 * 3600
-    conn.set(RECORD_PREFIX + "split-bad", b"{not json")
+    assert 0 < conn.ttl(keys.split(first.id)) <= 30 * 24 * 3600
+    conn.set(keys.split("split-bad"), b"{not json")
     assert load_request(conn, "split-bad") is None
 
 

@@ -13,11 +13,11 @@ import pytest
 import redis
 from click.testing import CliRunner
 
+from wheelhouse import keys
 from wheelhouse.cli.main import main
 from wheelhouse.errors import TokenError
 from wheelhouse.index.tokens import (
     TOKEN_MARK,
-    TOKENS_KEY,
     create_token,
     digest,
     legacy_token_keys,
@@ -38,8 +38,8 @@ def _record(name: object, scopes: object = ("build",)) -> str:
 
 def test_one_hash_of_digests(conn: redis.Redis) -> None:
     tok = create_token(conn, "ci-bot", ["build"])
-    assert conn.keys() == [TOKENS_KEY.encode()]
-    assert conn.hkeys(TOKENS_KEY) == [digest(tok).encode()]
+    assert conn.keys() == [keys.TOKENS.encode()]
+    assert conn.hkeys(keys.TOKENS) == [digest(tok).encode()]
     info = verify_token(conn, tok)
     assert info is not None and info == lookup_digest(conn, digest(tok))
     assert list_tokens(conn) == [info]
@@ -49,7 +49,7 @@ def test_a_token_planted_in_the_hash_is_listed_and_revocable(conn: redis.Redis) 
     """Today's attack: a record written straight into the tokens hash."""
     create_token(conn, "alice")
     planted = _forge()
-    conn.hset(TOKENS_KEY, digest(planted), _record("intruder", ["build", "read"]))
+    conn.hset(keys.TOKENS, digest(planted), _record("intruder", ["build", "read"]))
     # It authenticates, so it must be visible and revocable like any other.
     info = verify_token(conn, planted)
     assert info is not None and info.name == "intruder"
@@ -62,7 +62,7 @@ def test_a_token_planted_in_the_hash_is_listed_and_revocable(conn: redis.Redis) 
 def test_a_planted_twin_of_a_name_goes_with_it(conn: redis.Redis) -> None:
     real = create_token(conn, "alice")
     twin = _forge()
-    conn.hset(TOKENS_KEY, digest(twin), _record("alice"))
+    conn.hset(keys.TOKENS, digest(twin), _record("alice"))
     assert [i.name for i in list_tokens(conn)] == ["alice", "alice"]
     with pytest.raises(TokenError, match="exists"):
         create_token(conn, "alice")
@@ -91,14 +91,14 @@ def test_a_token_planted_the_old_way_is_refused(conn: redis.Redis) -> None:
 def test_records_that_do_not_validate_authenticate_nothing(conn: redis.Redis,
                                                           record: str) -> None:
     planted = _forge()
-    conn.hset(TOKENS_KEY, digest(planted), record)
+    conn.hset(keys.TOKENS, digest(planted), record)
     assert verify_token(conn, planted) is None
     assert list_tokens(conn) == []
 
 
 def test_fields_that_are_not_digests_are_ignored(conn: redis.Redis) -> None:
-    conn.hset(TOKENS_KEY, "not-a-digest", _record("ok"))
-    conn.hset(TOKENS_KEY, "A" * 64, _record("ok"))
+    conn.hset(keys.TOKENS, "not-a-digest", _record("ok"))
+    conn.hset(keys.TOKENS, "A" * 64, _record("ok"))
     assert list_tokens(conn) == []
     assert lookup_digest(conn, "not-a-digest") is None
 
@@ -139,7 +139,7 @@ def test_the_cli_lists_what_authenticates_and_notes_old_keys(
         redis_url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WHEELHOUSE_REDIS_URL", redis_url)
     planted = _forge()
-    conn.hset(TOKENS_KEY, digest(planted), _record("intruder"))
+    conn.hset(keys.TOKENS, digest(planted), _record("intruder"))
     conn.set("wheelhouse:token:" + "0" * 64, _record("ghost"))
     listed = CliRunner().invoke(main, ["token", "list"])
     assert listed.exit_code == 0
