@@ -10,7 +10,7 @@ from flask import Blueprint, Response, current_app, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, Conflict, NotFound, ServiceUnavailable
 
 from web import auth
-from web.builds import JOB_ID, Submitted, SubmittedSplit, build_view, request_view, submit_request
+from web.builds import JOB_ID, build_view, request_view
 from web.form import parse_request
 from web.services import services
 from web.sources import store_source, too_large
@@ -18,6 +18,7 @@ from wheelhouse.builds.fanout import cancel_request, is_request_id, load_request
 from wheelhouse.builds.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.builds.queue import cancel_build, get_build, log_since
 from wheelhouse.builds.spec import check_sdist_filename
+from wheelhouse.builds.submission import Submitted, SubmittedSplit, submit_request
 from wheelhouse.errors import InvalidBuildSpec
 from wheelhouse.index.layout import source_key
 from wheelhouse.index.ownership import Publisher, admit_source
@@ -102,9 +103,9 @@ def create_builds() -> Response:
                      recipe=specs[0].project in svc.recipes)
     # Every spec of one request is of one project, so of one recipe (its split_archs default).
     recipe = svc.recipe_for(specs[0].project)
-    results = submit_request(_conn(), svc.catalog, specs, recipe,
-                             timeout=svc.config.build_timeout, split=req.split_archs,
-                             rerun_failed=rerun, torch=svc.torch, by=info.name)
+    results = submit_request(_conn(), svc.catalog, svc.config, specs, recipe,
+                             split=req.split_archs, rerun_failed=rerun, torch=svc.torch,
+                             by=info.name)
     builds = []
     for r in results:
         item = _submitted(r)

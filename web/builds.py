@@ -1,161 +1,25 @@
-"""Builds as the API and the pages show them: submitting specs, and one build's view."""
+"""Builds as the API and the pages show them: one build's view, one split request's.
+
+Submitting builds is the core's (``wheelhouse.builds.submission``)."""
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from wheelhouse.builds.fanout import (
-    RequestStatus,
-    SplitRequest,
-    load_request,
-    part_spec,
-    record_request,
-    request_id,
-    request_state,
-)
-from wheelhouse.builds.fleet import explain_unservable
-from wheelhouse.builds.queue import (
-    BuildState,
-    BuildStatus,
-    enqueue_build,
-    finished_durations,
-    get_build,
-    record_requester,
-)
+from wheelhouse.builds.fanout import RequestStatus, part_spec
+from wheelhouse.builds.queue import BuildState, BuildStatus, finished_durations
 from wheelhouse.builds.spec import BuildSpec, queue_name
-from wheelhouse.builds.torchindex import TorchIndex
-from wheelhouse.errors import InvalidBuildSpec, UnservableSpec
+from wheelhouse.errors import InvalidBuildSpec
 from wheelhouse.index.catalog import Catalog
 from wheelhouse.index.layout import PROVENANCE_SUFFIX
-from wheelhouse.recipes.book import Recipe
 
 if TYPE_CHECKING:
     from redis import Redis
 
 JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,200}")
-
-
-# -- submitting --
-
-
-@dataclass(frozen=True)
-class Submitted:
-    spec: BuildSpec
-    job_id: str
-    state: str
-    created: bool
-    wheel: str | None = None
-    """For a wheel already published: its file name (no job is made)."""
-    warning: str | None = None
-    """Set when the torch index could not be asked (the build was queued unchecked)."""
-
-
-def submit(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], *, timeout: int,
-           rerun_failed: bool = False, torch: TorchIndex | None = None,
-           by: str | None = None) -> list[Submitted]:
-    """Enqueue each spec unless its wheel is published or its job exists; ``by`` (a token
-    name) is kept as the requester of each build this call queues (``web.auth.may_cancel``);
-    ``timeout`` is the build's deadline, the operator's ``WHEELHOUSE_BUILD_TIMEOUT``.
-
-    Raises :class:`UnservableSpec` when no live worker serves them (all specs of one request
-    share CUDA and CPU architecture, so that is all or none), and :class:`TorchUnavailable` when
-    ``torch`` (the torch index check) answers that torch and CUDA does not exist.
-    """
-    out = []
-    for spec in specs:
-        record = catalog.published_for(spec)
-        if record is not None:
-            out.append(Submitted(spec, spec.job_id, BuildState.BUILT.value, False, record.filename))
-            continue
-        warning = None
-        known = get_build(conn, spec.job_id) if torch is not None else None
-        again = known is None or (rerun_failed and known.state in (BuildState.FAILED,
-                                                                   BuildState.CANCELLED))
-        if torch is not None and again:  # only what would be queued
-            # After the fleet (cheap, and it names what would serve); before anything queues.
-            why = explain_unservable(conn, spec)
-            if why is not None:
-                raise UnservableSpec(why)
-            warning = torch.check(spec.torch, spec.cuda)
-        done = enqueue_build(conn, spec, rerun_failed=rerun_failed, timeout=timeout)
-        if done.created and by is not None:
-            record_requester(conn, done.job_id, by)
-        out.append(Submitted(spec, done.job_id, done.state.value, done.created, warning=warning))
-    return out
-
-
-@dataclass(frozen=True)
-class SubmittedSplit:
-    """A request split into one build per architecture (``wheelhouse.builds.fanout``)."""
-
-    request: SplitRequest
-    parts: list[Submitted]
-    recorded: bool
-    """False when the request existed already."""
-
-    @property
-    def job_id(self) -> str:
-        return self.request.id
-
-    @property
-    def spec(self) -> BuildSpec:
-        return self.request.spec
-
-    @property
-    def state(self) -> str:
-        return request_state(BuildState(p.state) for p in self.parts).value
-
-    @property
-    def created(self) -> bool:
-        return any(p.created for p in self.parts)
-
-    @property
-    def warning(self) -> str | None:
-        return next((p.warning for p in self.parts if p.warning), None)
-
-    @property
-    def wheel(self) -> None:
-        """A request has no one wheel: each part has its own."""
-        return None
-
-
-def split_archs_of(spec: BuildSpec, recipe: Recipe, split: bool | None) -> tuple[str, ...]:
-    """The architectures to split ``spec`` into, or ``()`` to build it as one job: a split
-    (asked for, else the recipe's ``split_archs``) of at least two architectures (the spec's,
-    else the recipe's default)."""
-    if not (recipe.split_archs if split is None else split):
-        return ()
-    archs = recipe.archs_for(spec.variant)
-    return archs if len(archs) > 1 else ()
-
-
-def submit_request(conn: Redis, catalog: Catalog, specs: Iterable[BuildSpec], recipe: Recipe,
-                   *, timeout: int, split: bool | None = None, rerun_failed: bool = False,
-                   torch: TorchIndex | None = None,
-                   by: str | None = None) -> list[Submitted | SubmittedSplit]:
-    """:func:`submit` each spec, or, where it splits (:func:`split_archs_of`), each of its
-    single-arch parts, and keep the request that ties them together."""
-    out: list[Submitted | SubmittedSplit] = []
-    for spec in specs:
-        archs = split_archs_of(spec, recipe, split)
-        if not archs:
-            out.extend(submit(conn, catalog, [spec], timeout=timeout, rerun_failed=rerun_failed,
-                              torch=torch, by=by))
-            continue
-        # A request made before keeps its parts, whatever the recipe's default is now.
-        request = load_request(conn, request_id(spec)) or SplitRequest.create(spec, archs)
-        parts = submit(conn, catalog, request.part_specs(), timeout=timeout,
-                       rerun_failed=rerun_failed, torch=torch, by=by)
-        kept, recorded = record_request(conn, request)
-        if recorded and by is not None:
-            record_requester(conn, kept.id, by)
-        out.append(SubmittedSplit(kept, parts, recorded))
-    return out
 
 
 # -- viewing a build --

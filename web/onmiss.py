@@ -17,8 +17,8 @@ from redis.exceptions import RedisError
 
 from web.services import Services
 from wheelhouse import keys
-from wheelhouse.builds.queue import enqueue_build
 from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.builds.submission import submit
 from wheelhouse.errors import WheelhouseError
 from wheelhouse.index.catalog import Record
 from wheelhouse.variants import Variant
@@ -63,7 +63,9 @@ def maybe_build(svc: Services, variant: Variant, project: NormalizedName,
             return None
         if not svc.redis.set(keys.onmiss(spec.job_id), "1", nx=True, ex=RATE_SECONDS):
             return None
-        job = enqueue_build(svc.redis, spec, timeout=svc.config.build_timeout)
+        # As any other build: the fleet asked, the operator's deadline (no torch check, no
+        # requester: nobody asked for it).
+        [job] = submit(svc.redis, svc.catalog, svc.config, [spec])
     except (WheelhouseError, RedisError) as exc:
         log.info("build on miss for %s %s (Python %s) not enqueued: %s", project, newest,
                  python, exc)

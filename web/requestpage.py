@@ -13,7 +13,6 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.api import base_url
-from web.builds import submit_request
 from web.form import SUGGESTED_TORCH, BuildRequest, parse_request
 from web.guard import MAX_BODY
 from web.services import services
@@ -21,6 +20,7 @@ from web.signin import login_redirect, no_build_queue
 from web.sources import MIB, store_source
 from wheelhouse.builds.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.builds.spec import KNOWN_MACHINES, KNOWN_PYTHONS, check_sdist_filename
+from wheelhouse.builds.submission import submit_request
 from wheelhouse.errors import (
     StorageError,
     TorchUnavailable,
@@ -172,8 +172,7 @@ def request_submit() -> BaseResponse | tuple[str, int]:
         assert svc.redis is not None  # require_scope checked it
         try:
             recipe = svc.recipe_for(req.specs[0].project)
-            submitted = submit_request(svc.redis, svc.catalog, req.specs, recipe,
-                                       timeout=svc.config.build_timeout,
+            submitted = submit_request(svc.redis, svc.catalog, svc.config, req.specs, recipe,
                                        split=req.split_archs, rerun_failed=rerun,
                                        torch=svc.torch, by=info.name)
         except UnservableSpec as exc:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from tests.helpers import make_wheel
+from tests.helpers import build_job, make_wheel
 from tests.web.buildhelpers import advertise_worker, make_app
 from tests.worker.conftest import FIXTURE_RECIPES
 from web.onmiss import installer_python
@@ -52,7 +52,10 @@ def _publish_cp312(config_storage: str, tmp_path: Path,
 
 
 def test_missing_python_is_enqueued_once(redis_url: str, conn: Redis, tmp_path: Path) -> None:
-    app = make_app(redis_url, tmp_path, build_on_miss=True, recipe_dirs=str(FIXTURE_RECIPES))
+    """Enqueued as every other build is (``wheelhouse.builds.submission``): with the operator's
+    WHEELHOUSE_BUILD_TIMEOUT as its deadline."""
+    app = make_app(redis_url, tmp_path, build_on_miss=True, recipe_dirs=str(FIXTURE_RECIPES),
+                   build_timeout=1234)
     _publish_cp312(str(tmp_path / "data"), tmp_path)
     advertise_worker(conn, cuda="12.8")
     client = app.test_client()
@@ -66,6 +69,8 @@ def test_missing_python_is_enqueued_once(redis_url: str, conn: Redis, tmp_path: 
     status = q.get_build(conn, jobs[0].removeprefix("rq:job:"))
     assert status is not None and status.state is q.BuildState.QUEUED
     assert status.spec["python"] == "3.11" and status.spec["project"] == "cudaext"
+    job = build_job(conn, status.job_id)
+    assert job.args[2] == 1234 and job.timeout == 1234 + q.RQ_TIMEOUT_MARGIN
     # The Python that has a wheel enqueues nothing.
     client.get(page, headers={"User-Agent": _agent("3.12.0")})
     assert len(conn.keys("rq:job:*")) == 1

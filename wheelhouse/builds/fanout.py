@@ -8,7 +8,7 @@ asked and its parts' job ids. Its id is deterministic (``split-`` + the unsplit 
 without ``build-``), so asking twice finds the same request, as :func:`queue.enqueue_build`
 finds the same job. The request's state is derived from its parts' (:func:`request_state`).
 
-The parts are queued by whoever submits builds (``web.builds``); this module only names them,
+The parts are queued by ``wheelhouse.builds.submission``; this module only names them,
 keeps the record and reads it back.
 """
 
