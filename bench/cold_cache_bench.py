@@ -29,7 +29,6 @@ import re
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,11 +43,12 @@ from bench.sccache_bench import (  # noqa: E402
     KERNEL,
     SETUP,
     SIZES,
+    cuda13_toolkit,
     make_venv,
     site_packages,
+    workdir,
 )
 from tests.helpers import own_session  # noqa: E402
-from worker.capabilities import discover_toolkits  # noqa: E402
 from worker.compilecache import NO_WRAPPER, CompileCache, DiskBackend, find_sccache  # noqa: E402
 
 
@@ -174,11 +174,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    toolkit = next((t for t in discover_toolkits() if t.cuda.startswith("13.")), None)
-    if toolkit is None:
-        raise SystemExit("needs a CUDA 13 toolkit (torch 2.14.1 is built for CUDA 13.0)")
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="cold-cache-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+    toolkit = cuda13_toolkit()
+    work = workdir(args.workdir, "cold-cache-bench-")
     python = make_venv(work / "venv311", "3.11")
     src = work / "ws" / "cudaext-0.1.0"
     shutil.rmtree(src.parent, ignore_errors=True)

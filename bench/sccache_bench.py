@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from wheelhouse.builds.fleet import ToolkitInfo
 from worker.capabilities import discover_toolkits
 from worker.compilecache import NO_WRAPPER, CompileCache, DiskBackend, find_sccache
 
@@ -156,6 +157,21 @@ def build(name: str, python: Path, src: Path, cache: Path, work: Path, *, nvcc: 
     return run
 
 
+def cuda13_toolkit() -> ToolkitInfo:
+    """The CUDA 13 toolkit torch 2.14.1 builds with, or exit saying it is missing."""
+    toolkit = next((t for t in discover_toolkits() if t.cuda.startswith("13.")), None)
+    if toolkit is None:
+        raise SystemExit("needs a CUDA 13 toolkit (torch 2.14.1 is built for CUDA 13.0)")
+    return toolkit
+
+
+def workdir(chosen: Path | None, prefix: str) -> Path:
+    """The bench's working directory: the one asked for, else a new temporary one."""
+    work = chosen or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
 def find_python312() -> str:
     """uv finds pyenv's 3.12 only when pyenv's shim is told to serve it."""
     out = subprocess.run([shutil.which("uv") or "uv", "python", "find", "3.12"],
@@ -176,11 +192,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    toolkit = next((t for t in discover_toolkits() if t.cuda.startswith("13.")), None)
-    if toolkit is None:
-        raise SystemExit("needs a CUDA 13 toolkit (torch 2.14.1 is built for CUDA 13.0)")
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="sccache-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+    toolkit = cuda13_toolkit()
+    work = workdir(args.workdir, "sccache-bench-")
     py311 = make_venv(work / "venv311", "3.11")
     py312 = make_venv(work / "venv312", args.python312 or find_python312())
     src = work / "ws" / "cudaext-0.1.0"
