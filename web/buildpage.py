@@ -13,10 +13,11 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.api import base_url
-from web.builds import JOB_ID, build_view, request_view, spec_of
+from web.builds import JOB_ID, build_view, request_view
 from web.services import services
 from wheelhouse.builds.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.builds.queue import BuildState, cancel_build, get_build, log_tail
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import FailureKind
 
 bp = Blueprint("buildpage", __name__)
@@ -39,14 +40,14 @@ def build(job_id: str) -> str:
     if not lines and status.finished and status.log_key:
         lines = _stored_log_tail(status.log_key)
     info = auth.current_token()
-    spec = spec_of(status)
+    spec = status.spec
     return render_template(
         "build.html", view=view, status=status, spec=spec, log=lines,
         can_cancel=auth.may_cancel(info, job_id) and not status.finished,
         # A worker's setting that points nowhere fails every rerun the same way: the page says
         # what to change (the reason names the setting) instead of offering one.
-        retry_url=url_for("requestpage.request_form", **_retry_args(status.spec))
-        if status.state in (BuildState.FAILED, BuildState.CANCELLED)
+        retry_url=url_for("requestpage.request_form", **_retry_args(spec))
+        if spec is not None and status.state in (BuildState.FAILED, BuildState.CANCELLED)
         and status.failure_kind is not FailureKind.MISCONFIGURED else None,
         misconfigured=status.failure_kind is FailureKind.MISCONFIGURED,
     )
@@ -64,15 +65,16 @@ def _split_request(request_id: str) -> str:
     return render_template(
         "split.html", view=view, spec=request.spec,
         can_cancel=auth.may_cancel(info, request_id) and not status.finished,
-        retry_url=url_for("requestpage.request_form", **_retry_args(request.spec.to_dict()),
+        retry_url=url_for("requestpage.request_form", **_retry_args(request.spec),
                           split_archs="1")
         if status.finished and status.state is not BuildState.BUILT else None,
     )
 
 
-def _retry_args(spec: dict[str, Any]) -> dict[str, Any]:
-    return {k: spec.get(k) for k in ("project", "version", "torch", "cuda", "machine")} | {
-        "python": spec.get("python"), "archs": spec.get("archs") or [], "rerun": "1"}
+def _retry_args(spec: BuildSpec) -> dict[str, Any]:
+    return {"project": str(spec.project), "version": spec.version, "torch": spec.torch,
+            "cuda": spec.cuda, "machine": spec.machine, "python": spec.python,
+            "archs": list(spec.archs), "rerun": "1"}
 
 
 def _stored_log_tail(key: str) -> list[str]:

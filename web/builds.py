@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from wheelhouse.builds.fanout import RequestStatus, part_spec
 from wheelhouse.builds.queue import BuildState, BuildStatus, finished_durations
-from wheelhouse.builds.spec import BuildSpec, queue_name
-from wheelhouse.errors import InvalidBuildSpec
+from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.index.catalog import Catalog
 from wheelhouse.index.layout import PROVENANCE_SUFFIX
 
@@ -29,13 +28,6 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment is not None else None
 
 
-def spec_of(status: BuildStatus) -> BuildSpec | None:
-    try:
-        return BuildSpec.from_dict(status.spec)
-    except InvalidBuildSpec:
-        return None
-
-
 def install_command(base_url: str, spec: BuildSpec) -> str:
     """The built wheel's install line, with the torch it needs (its METADATA says so too)."""
     return (f"uv pip install --index-url {base_url}/{spec.variant.key}/simple "
@@ -45,10 +37,9 @@ def install_command(base_url: str, spec: BuildSpec) -> str:
 def history_estimate(conn: Redis, status: BuildStatus) -> float | None:
     """Median duration in seconds of earlier successful builds of the same project and CUDA."""
     spec = status.spec
-    if not spec.get("project") or not spec.get("cuda"):
+    if spec is None:
         return None
-    queue = queue_name(str(spec["cuda"]), str(spec.get("machine", "x86_64")))
-    durations = finished_durations(conn, queue, str(spec["project"]), exclude=status.job_id)
+    durations = finished_durations(conn, spec.queue_name, spec.project, exclude=status.job_id)
     return statistics.median(durations) if durations else None
 
 
@@ -59,7 +50,7 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
     With ``catalog``, a built wheel's record fills in what the job's meta lacks (peak memory,
     patches, device code, compile cache).
     """
-    spec = spec_of(status)
+    spec = status.spec
     facts = status.build
     record = None
     if catalog is not None and spec is not None and status.state is BuildState.BUILT:
@@ -99,7 +90,7 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         "state": status.state.value,
         "finished": status.finished,
         "phase": status.phase,
-        "spec": dict(status.spec),
+        "spec": spec.to_dict() if spec is not None else {},
         "description": spec.describe() if spec else None,
         "variant": spec.variant.key if spec else None,
         "progress": progress,

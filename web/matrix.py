@@ -24,7 +24,8 @@ from wheelhouse.wheels import split_variant_label
 
 if TYPE_CHECKING:
     from redis import Redis
-    from rq.job import Job
+
+    from wheelhouse.builds.job import BuildJob
 
 #: When a wheel and jobs meet in one cell, the first state here wins.
 _PRIORITY = {BuildState.BUILT: 0, BuildState.BUILDING: 1, BuildState.QUEUED: 2,
@@ -93,7 +94,7 @@ def _variant_sort(key: str) -> tuple[int, Variant | str]:
 
 
 def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = None,
-                 jobs: list[Job] | None = None) -> list[ProjectMatrix]:
+                 jobs: list[BuildJob] | None = None) -> list[ProjectMatrix]:
     """Every project's matrix (or one project's), wheels first, then jobs on top: columns for
     the variants that have a wheel or a build of the project."""
     by_project: dict[str, ProjectMatrix] = {}
@@ -139,16 +140,11 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
         for job in jobs if jobs is not None else all_build_jobs(conn):
             meta = JobMeta.from_meta(job.meta)
             spec = meta.spec
-            try:
-                variant = Variant.of(spec["torch"], spec["cuda"], spec.get("archs") or (),
-                                     spec.get("cxx11abi")).key
-                proj, job_version = str(spec["project"]), str(spec["version"])
-                python = str(spec["python"])
-            except (KeyError, TypeError, InvalidVariant):
+            if spec is None:
                 continue  # not one of ours
             state = state_of(job)
             failed = meta.failure if state is BuildState.FAILED else None
-            place(proj, job_version, variant, python, Cell(
+            place(spec.project, spec.version, spec.variant.key, spec.python, Cell(
                 state.value, job_id=job.id, progress=meta.progress,
                 reason=(failed.reason or None) if failed is not None else None))
     for pm in by_project.values():
@@ -164,7 +160,7 @@ def build_matrix(catalog: Catalog, conn: Redis | None, *, project: str | None = 
     return [by_project[p] for p in sorted(by_project)]
 
 
-def split_requests(catalog: Catalog, conn: Redis, jobs: list[Job], *,
+def split_requests(catalog: Catalog, conn: Redis, jobs: list[BuildJob], *,
                    project: str | None = None, limit: int = 20) -> list[RequestStatus]:
     """The newest split requests (``wheelhouse.builds.fanout``), each with its parts' states, from
     the jobs already fetched in bulk: one Redis read for the records, none per part."""

@@ -26,9 +26,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
-from rq import Queue
-from rq.registry import StartedJobRegistry
 
+from wheelhouse.builds.queue import BuildQueues
 from wheelhouse.builds.stats import snapshot
 from wheelhouse.errors import QueueUnavailable
 from wheelhouse.index.catalog import Catalog
@@ -145,10 +144,10 @@ class _LiveCollector(Collector):
                                   labels=["queue"])
         running = GaugeMetricFamily("wheelhouse_builds_running", "Builds running, by queue",
                                     labels=["queue"])
-        for queue in Queue.all(connection=conn):
-            depth.add_metric([queue.name], queue.count)
-            running.add_metric([queue.name], StartedJobRegistry(queue.name,
-                                                                connection=conn).count)
+        queues = BuildQueues(conn)
+        for name in queues.names():
+            depth.add_metric([name], queues.queue(name).count)
+            running.add_metric([name], queues.started(name).count)
         yield depth
         yield running
         snap = snapshot(conn)

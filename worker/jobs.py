@@ -13,6 +13,7 @@ from rq import get_current_job
 
 from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.builds.fleet import build_id_prefix
+from wheelhouse.builds.job import JOB_FUNCTION, JobCall
 from wheelhouse.builds.meta import Failure, JobMeta
 from wheelhouse.builds.queue import append_log, cancel_requested
 from wheelhouse.builds.spec import BuildSpec
@@ -59,9 +60,9 @@ class RedisReporter(Reporter):
         except RedisError as exc:
             log.warning("could not save progress of %s: %s", self.job.id, exc)
 
-    def begin(self) -> None:
-        """A new attempt of the job: its spec stays, what an earlier attempt reported goes."""
-        self.finish(JobMeta(spec=self.meta.spec, phase=self.meta.phase))
+    def begin(self, spec: BuildSpec) -> None:
+        """A new attempt of the job at ``spec``: what an earlier attempt reported goes."""
+        self.finish(JobMeta(spec=spec, phase=self.meta.phase))
 
     def report(self, event: BuildEvent) -> None:
         match event:
@@ -109,20 +110,25 @@ def _count(conn: Redis, state: str, facts: BuildFacts) -> None:
 
 def run_build(spec_data: dict[str, Any], source: str | None = None,
               timeout: int | None = None) -> dict[str, Any]:
-    """Build one spec inside an RQ work horse; the job's meta carries progress and the outcome."""
+    """Build one spec inside an RQ work horse; the job's meta carries progress and the outcome.
+
+    Its arguments are a :class:`JobCall`'s (:meth:`JobCall.to_args`), read back as one.
+    """
     job = get_current_job()
     if job is None:
         raise RuntimeError("run_build must run inside an RQ job")
+    call = JobCall.parse(job.id, job.origin, JOB_FUNCTION, None, [spec_data, source, timeout],
+                         {})
     # Orphans of the build re-parent to us, not to init, so that the reaper can collect them.
     become_subreaper()
     config = Config.from_env()
-    spec = BuildSpec.from_dict(spec_data)
+    spec = call.spec
     reporter = RedisReporter(job.connection, job)
-    reporter.begin()
+    reporter.begin(spec)
     try:
         result = build.run_build(
             spec, config=config, storage=open_storage(config), reporter=reporter,
-            source=Path(source) if source else None, timeout=timeout,
+            source=Path(call.source) if call.source else None, timeout=call.timeout,
             build_id=build_id_prefix(job.connection) + job.id,
         )
     except BuildFailed as exc:

@@ -28,12 +28,11 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import RedisError
 from rq import Worker
 from rq.exceptions import NoSuchJobError
-from rq.registry import StartedJobRegistry
 
 from wheelhouse.builds.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
-from wheelhouse.builds.job import SERIALIZER, BuildJob
+from wheelhouse.builds.job import BuildJob
 from wheelhouse.builds.meta import JobMeta
-from wheelhouse.builds.queue import fetch_job
+from wheelhouse.builds.queue import BuildQueues, fetch_job
 from wheelhouse.builds.spec import queue_name
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
@@ -129,8 +128,7 @@ def requeue_abandoned(conn: Redis, queues: tuple[str, ...], *, me: str,
     abandoned: list[str] = []
     for name in queues:
         # RQ's cleanup fetches these jobs too: as build jobs, which run no callbacks.
-        registry = StartedJobRegistry(name, connection=conn, job_class=BuildJob,
-                                      serializer=SERIALIZER)
+        registry = BuildQueues(conn).started(name)
         expired = {}
         for member in conn.zrange(registry.key, 0, -1):
             entry = member.decode() if isinstance(member, bytes) else str(member)
@@ -264,8 +262,7 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
                  extra={"pid": os.getpid()})
 
     def new_worker() -> BuildWorker:
-        return BuildWorker(list(queues), connection=conn, name=name, job_class=BuildJob,
-                           serializer=SERIALIZER)
+        return BuildWorker(list(queues), name=name, **BuildQueues(conn).worker_kwargs())
 
     current: list[Any] = [new_worker()]
     heartbeat = _Heartbeat(conn, ad, float(config.worker_heartbeat_seconds),

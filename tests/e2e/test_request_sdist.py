@@ -23,7 +23,7 @@ from tests.helpers import run_console, start_index
 from tests.web.buildhelpers import advertise_worker, token
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist
 from wheelhouse.builds.queue import fetch_job, get_build
-from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.builds.spec import BuildSpec, SourceRef
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.index.layout import source_key
@@ -65,7 +65,8 @@ def test_a_requested_local_sdist_is_uploaded_queued_by_sha256_and_verified_by_th
     assert spec.job_id in done.stdout and "created, queued" in done.stdout
     status, job = get_build(conn, spec.job_id), fetch_job(conn, spec.job_id)
     assert status is not None and job is not None
-    assert status.spec["source"] == {"sha256": sha256, "filename": "cudaext-0.1.0.tar.gz"}
+    assert status.spec is not None
+    assert status.spec.source == SourceRef(sha256, "cudaext-0.1.0.tar.gz")
     assert job.args[1] is None  # no path: the worker finds the sdist by its sha256
     storage = open_storage(config)
     key = source_key(sha256, sdist.name)

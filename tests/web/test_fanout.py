@@ -53,7 +53,7 @@ def test_a_two_arch_request_is_two_single_arch_jobs_and_one_request(
     assert sorted(_queued(conn)) == sorted([SM80.job_id, SM90.job_id])
     for spec in (SM80, SM90):
         status = get_build(conn, spec.job_id)
-        assert status is not None and status.spec["archs"] == list(spec.archs)
+        assert status is not None and status.spec is not None and status.spec.archs == spec.archs
     record = load_request(conn, req["id"])
     assert record is not None and [p.job_id for p in record.parts] == [SM80.job_id, SM90.job_id]
 

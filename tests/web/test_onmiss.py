@@ -68,7 +68,8 @@ def test_missing_python_is_enqueued_once(redis_url: str, conn: Redis, tmp_path: 
     assert len(jobs) == 1, jobs
     status = q.get_build(conn, jobs[0].removeprefix("rq:job:"))
     assert status is not None and status.state is q.BuildState.QUEUED
-    assert status.spec["python"] == "3.11" and status.spec["project"] == "cudaext"
+    assert status.spec is not None
+    assert status.spec.python == "3.11" and status.spec.project == "cudaext"
     job = build_job(conn, status.job_id)
     assert job.args[2] == 1234 and job.timeout == 1234 + q.RQ_TIMEOUT_MARGIN
     # The Python that has a wheel enqueues nothing.
@@ -125,7 +126,8 @@ def test_which_wheel_serves_the_installer_is_the_build_spec_rule(
     if enqueued:
         status = q.get_build(conn, jobs[0])
         assert status is not None
-        assert (status.spec["python"], status.spec["machine"]) == (python[:4], cpu)
+        assert status.spec is not None
+        assert (status.spec.python, status.spec.machine) == (python[:4], cpu)
 
 
 def test_plain_root_builds_for_the_installers_python(redis_url: str, conn: Redis,
@@ -146,5 +148,6 @@ def test_plain_root_builds_for_the_installers_python(redis_url: str, conn: Redis
     [job] = [k.decode().removeprefix("rq:job:") for k in conn.keys("rq:job:*")]
     status = q.get_build(conn, job)
     assert status is not None
-    assert (status.spec["python"], status.spec["torch"], status.spec["cuda"]) == (
+    assert status.spec is not None
+    assert (status.spec.python, status.spec.torch, status.spec.cuda) == (
         "3.11", "2.8", "12.8")

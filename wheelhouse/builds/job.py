@@ -8,8 +8,10 @@ code in every worker. Here instead:
 - every job is JSON (:data:`SERIALIZER`), in every place that writes or reads one;
 - :class:`BuildJob`, the job class of the workers and of every lookup, never imports what a job
   names: its function is :data:`JOB_FUNCTION` or nothing; callbacks and webhooks are dropped;
-- its arguments must be a build request, the spec checked as strictly as an API request
-  (:func:`check_call`). A job that isn't is failed as ``refused-job`` without being run.
+- its arguments must be a build request, one :class:`JobCall` (the spec checked as strictly as
+  an API request): the queue writes it (:meth:`JobCall.to_args`), the worker checks it before
+  it forks and the job function reads it back (:meth:`JobCall.parse`). A job that isn't one is
+  failed as ``refused-job`` without being run.
 
 So a write to Redis can at most ask for a build that anyone with a token could ask for.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
@@ -45,36 +48,54 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_call(job_id: str, queue: str, func_name: object, instance: object, args: object,
-               kwargs: object) -> BuildSpec:
-    """The build spec a job asks for, if it is one this worker runs; else :class:`RefusedJob`.
+@dataclass(frozen=True)
+class JobCall:
+    """What a build job asks its worker to do: the job's arguments, typed.
 
-    A build job calls :data:`JOB_FUNCTION` with ``(spec, source, timeout)``: a spec that
-    :meth:`BuildSpec.from_dict` accepts, whose job id and queue are this job's; ``source``
-    None or an absolute path to an sdist named for the spec's project and version (single-box
-    mode and tests); ``timeout`` None or a positive number of seconds.
+    On the wire (RQ's ``args``) it is ``[spec, source, timeout]``: the spec as
+    :meth:`BuildSpec.to_dict` writes it; ``source`` None or an absolute path to an sdist named
+    for the spec's project and version (single-box mode and tests); ``timeout`` None or a
+    positive number of seconds, the worker's own deadline for the build.
     """
-    if func_name != JOB_FUNCTION or instance is not None:
-        raise RefusedJob(f"the job calls {_short(func_name)}, not {JOB_FUNCTION}")
-    if kwargs or not isinstance(args, list | tuple) or not 1 <= len(args) <= 3:
-        raise RefusedJob("the job's arguments are not (spec, source, timeout)")
-    data, source, timeout = (*args, None, None)[:3]
-    if not isinstance(data, dict):
-        raise RefusedJob("the job's spec is not a JSON object")
-    try:
-        spec = BuildSpec.from_dict(data)
-    except InvalidBuildSpec as exc:
-        raise RefusedJob(f"the job's spec is invalid: {exc}") from None
-    # The id names the build's workspace and log; the queue says which workers may take it.
-    if job_id != spec.job_id or queue != spec.queue_name:
-        raise RefusedJob(f"the job's id or queue ({_short(job_id)} on {_short(queue)}) is not "
-                         f"its spec's ({spec.job_id} on {spec.queue_name})")
-    if source is not None:
-        _check_source(source, spec)
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)
-                                or timeout <= 0):
-        raise RefusedJob(f"the job's timeout {_short(timeout)} is not a positive whole number")
-    return spec
+
+    spec: BuildSpec
+    source: str | None = None
+    timeout: int | None = None
+
+    def to_args(self) -> tuple[dict[str, Any], str | None, int | None]:
+        """The job's RQ ``args``, as :meth:`parse` reads them back."""
+        return (self.spec.to_dict(), self.source, self.timeout)
+
+    @classmethod
+    def parse(cls, job_id: str, queue: str, func_name: object, instance: object,
+              args: object, kwargs: object) -> JobCall:
+        """The call a job makes, if it is one a worker runs; else :class:`RefusedJob`.
+
+        It must call :data:`JOB_FUNCTION` with the arguments :meth:`to_args` writes, its spec
+        one :meth:`BuildSpec.from_dict` accepts and whose job id and queue are this job's.
+        """
+        if func_name != JOB_FUNCTION or instance is not None:
+            raise RefusedJob(f"the job calls {_short(func_name)}, not {JOB_FUNCTION}")
+        if kwargs or not isinstance(args, list | tuple) or not 1 <= len(args) <= 3:
+            raise RefusedJob("the job's arguments are not (spec, source, timeout)")
+        data, source, timeout = (*args, None, None)[:3]
+        if not isinstance(data, dict):
+            raise RefusedJob("the job's spec is not a JSON object")
+        try:
+            spec = BuildSpec.from_dict(data)
+        except InvalidBuildSpec as exc:
+            raise RefusedJob(f"the job's spec is invalid: {exc}") from None
+        # The id names the build's workspace and log; the queue says which workers may take it.
+        if job_id != spec.job_id or queue != spec.queue_name:
+            raise RefusedJob(f"the job's id or queue ({_short(job_id)} on {_short(queue)}) is "
+                             f"not its spec's ({spec.job_id} on {spec.queue_name})")
+        if source is not None:
+            _check_source(source, spec)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int)
+                                    or timeout <= 0):
+            raise RefusedJob(f"the job's timeout {_short(timeout)} is not a positive whole "
+                             "number")
+        return cls(spec, source, timeout)
 
 
 def _check_source(source: object, spec: BuildSpec) -> None:
@@ -95,13 +116,14 @@ class BuildJob(Job):
 
     Its callbacks and webhooks are dropped as it is read from Redis. Its call is checked once,
     the first time :attr:`refusal` is asked (the worker asks before it forks the work horse;
-    pages that only show jobs don't pay for it); running a refused job records a
-    ``refused-job`` failure and raises :class:`RefusedJob` without importing anything the job
-    names.
+    pages that only show jobs don't pay for it), and :attr:`call` is what it asks for; running
+    a refused job records a ``refused-job`` failure and raises :class:`RefusedJob` without
+    importing anything the job names.
     """
 
     _checked: bool = False
     _refusal: str | None = None
+    _call: JobCall | None = None
 
     def restore(self, raw_data: Any) -> None:
         try:
@@ -115,20 +137,28 @@ class BuildJob(Job):
         # Nothing here runs what a job names besides the build: no callbacks, no webhooks.
         self.webhooks = []
         self._checked = False
+        self._call = None
 
     @property
     def refusal(self) -> str | None:
         """Why this job is not run, or None for a build request."""
         if not self._checked:
             try:
-                check_call(self.id, self.origin, self.func_name, self.instance, self.args,
-                           self.kwargs)
+                self._call = JobCall.parse(self.id, self.origin, self.func_name, self.instance,
+                                           self.args, self.kwargs)
             except DeserializationError:
                 self._refuse("the job's data is not JSON (pickled jobs are never loaded)")
             except RefusedJob as exc:
                 self._refuse(str(exc))
             self._checked = True
         return self._refusal
+
+    @property
+    def call(self) -> JobCall:
+        """The build this job asks for; :class:`RefusedJob` for a job that is not one."""
+        if self.refusal is not None or self._call is None:
+            raise RefusedJob(self.refusal or "the job is not a build request")
+        return self._call
 
     def _refuse(self, why: str) -> None:
         self._refusal = why

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wheelhouse.builds.facts import BuildFacts
-from wheelhouse.errors import FailureKind
+from wheelhouse.builds.spec import BuildSpec
+from wheelhouse.errors import FailureKind, InvalidBuildSpec
 
 #: The layout :meth:`JobMeta.to_meta` writes. 1: this type; 0: the dict before it.
 VERSION = 1
@@ -42,9 +43,9 @@ class Failure:
 class JobMeta:
     """What one build job says about itself, for the web, the CLI and the worker."""
 
-    spec: Mapping[str, Any] = field(default_factory=dict)
-    """The build request as ``BuildSpec.to_dict`` wrote it (read leniently by the matrix: a job
-    whose spec doesn't parse is not one of ours)."""
+    spec: BuildSpec | None = None
+    """The build request; None where the meta holds none that parses (a job that is not one of
+    ours, or a spec this version can't read: pages skip it)."""
     phase: str | None = None
     """queued, toolkit, fetch, venv, compile, check, publish, published or failed."""
     progress: tuple[int, int] | None = None
@@ -64,7 +65,9 @@ class JobMeta:
 
     def to_meta(self) -> dict[str, Any]:
         """The RQ job's ``meta``: JSON, unknown values left out."""
-        out: dict[str, Any] = {"version": VERSION, "spec": dict(self.spec)}
+        out: dict[str, Any] = {"version": VERSION}
+        if self.spec is not None:
+            out["spec"] = self.spec.to_dict()
         if self.phase is not None:
             out["phase"] = self.phase
         if self.progress is not None:
@@ -86,9 +89,8 @@ class JobMeta:
         if not isinstance(data, Mapping):
             return cls(version=0)
         version = data.get("version")
-        spec = data.get("spec")
         return cls(
-            spec=dict(spec) if isinstance(spec, Mapping) else {},
+            spec=_spec(data.get("spec")),
             phase=_str(data.get("phase")),
             progress=_progress(data.get("progress")),
             build=BuildFacts.from_dict(data.get("build")),
@@ -102,8 +104,17 @@ class JobMeta:
 
     @property
     def project(self) -> str | None:
-        value = self.spec.get("project")
-        return value if isinstance(value, str) else None
+        return self.spec.project if self.spec is not None else None
+
+
+def _spec(value: object) -> BuildSpec | None:
+    """The spec as :meth:`BuildSpec.from_dict` reads it (keys it doesn't know are ignored)."""
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return BuildSpec.from_dict(value)
+    except InvalidBuildSpec:
+        return None
 
 
 def _str(value: object) -> str | None:

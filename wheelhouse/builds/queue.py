@@ -28,7 +28,7 @@ from rq.registry import (
 from wheelhouse import keys
 from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.builds.fleet import explain_unservable
-from wheelhouse.builds.job import JOB_FUNCTION, SERIALIZER, BuildJob
+from wheelhouse.builds.job import JOB_FUNCTION, SERIALIZER, BuildJob, JobCall
 from wheelhouse.builds.meta import JobMeta
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import FailureKind, UnservableSpec
@@ -68,13 +68,70 @@ _STATES = {
 }
 
 
+#: Every build queue's name starts so (``build-cu128-x86_64``); RQ's other queues are not ours.
+QUEUE_PREFIX = "build-"
+
+
+@dataclass(frozen=True)
+class BuildQueues:
+    """RQ's build queues and registries, opened one way for the web, the CLI and the workers.
+
+    Each is opened on one connection with :class:`BuildJob` as its job class and
+    :data:`SERIALIZER`, so that no reader, RQ's own cleanup included, loads a job otherwise:
+    nobody passes the connection and the serializer into every call.
+    """
+
+    conn: Redis
+
+    def queue(self, name: str) -> Queue:
+        return Queue(name, connection=self.conn, job_class=BuildJob, serializer=SERIALIZER)
+
+    def names(self) -> list[str]:
+        """The build queues Redis knows (any that ever had a job)."""
+        return sorted(q.name for q in Queue.all(connection=self.conn, serializer=SERIALIZER)
+                      if q.name.startswith(QUEUE_PREFIX))
+
+    def started(self, name: str) -> StartedJobRegistry:
+        return StartedJobRegistry(name, connection=self.conn, job_class=BuildJob,
+                                  serializer=SERIALIZER)
+
+    def finished(self, name: str) -> FinishedJobRegistry:
+        return FinishedJobRegistry(name, connection=self.conn, job_class=BuildJob,
+                                   serializer=SERIALIZER)
+
+    def ended(self, name: str) -> tuple[FailedJobRegistry, CanceledJobRegistry]:
+        """The failed and the cancelled builds' registries of queue ``name``."""
+        return (FailedJobRegistry(name, connection=self.conn, job_class=BuildJob,
+                                  serializer=SERIALIZER),
+                CanceledJobRegistry(name, connection=self.conn, job_class=BuildJob,
+                                    serializer=SERIALIZER))
+
+    def fetch(self, job_id: str) -> BuildJob | None:
+        """The build job ``job_id`` (read as JSON, never unpickled), or None if there is none."""
+        try:
+            return cast("BuildJob", BuildJob.fetch(job_id, connection=self.conn,
+                                                   serializer=SERIALIZER))
+        except NoSuchJobError:
+            return None
+
+    def fetch_many(self, job_ids: list[str]) -> list[BuildJob]:
+        """The jobs of ``job_ids`` that exist, in one pipeline."""
+        jobs = BuildJob.fetch_many(job_ids, connection=self.conn, serializer=SERIALIZER)
+        return [cast("BuildJob", j) for j in jobs if j is not None]
+
+    def worker_kwargs(self) -> dict[str, Any]:
+        """What an RQ worker of these queues is made with, besides its queues and name."""
+        return {"connection": self.conn, "job_class": BuildJob, "serializer": SERIALIZER}
+
+
 @dataclass(frozen=True)
 class BuildStatus:
     """Everything a page or the API shows about one build."""
 
     job_id: str
     state: BuildState
-    spec: dict[str, Any]
+    spec: BuildSpec | None
+    """None where the job's meta holds no spec this version reads."""
     phase: str | None = None
     progress: tuple[int, int] | None = None
     """Ninja's ``[N/M]``: (done, total)."""
@@ -116,10 +173,7 @@ class Enqueued:
 
 def fetch_job(conn: Redis, job_id: str) -> BuildJob | None:
     """The build job ``job_id`` (read as JSON, never unpickled), or None if there is none."""
-    try:
-        return cast("BuildJob", BuildJob.fetch(job_id, connection=conn, serializer=SERIALIZER))
-    except NoSuchJobError:
-        return None
+    return BuildQueues(conn).fetch(job_id)
 
 
 def state_of(job: Job) -> BuildState:
@@ -161,10 +215,10 @@ def enqueue_build(
         existing.delete()
         conn.delete(keys.log(job_id), keys.log_count(job_id), keys.cancel(job_id),
                     keys.requester(job_id))
-    queue = Queue(spec.queue_name, connection=conn, job_class=BuildJob, serializer=SERIALIZER)
+    queue = BuildQueues(conn).queue(spec.queue_name)
     try:
         queue.enqueue(
-            JOB_FUNCTION, spec.to_dict(), source, timeout,
+            JOB_FUNCTION, *JobCall(spec, source, timeout).to_args(),
             job_id=job_id, unique=True, description=spec.describe(),
             job_timeout=timeout + RQ_TIMEOUT_MARGIN, result_ttl=KEEP_SECONDS,
             failure_ttl=KEEP_SECONDS,
@@ -173,7 +227,7 @@ def enqueue_build(
             retry=Retry(max=ABANDONED_JOBS.retries,
                         interval=[int(ABANDONED_JOBS.delay(i))
                                   for i in range(ABANDONED_JOBS.retries)]),
-            meta=JobMeta(spec=spec.to_dict(), phase="queued").to_meta(),
+            meta=JobMeta(spec=spec, phase="queued").to_meta(),
         )
     except DuplicateJobError:
         job = fetch_job(conn, job_id)
@@ -190,13 +244,13 @@ def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
     state = state_of(job)
     position = None
     if state is BuildState.QUEUED:
-        position = Queue(job.origin, connection=conn).get_job_position(job_id)
+        position = BuildQueues(conn).queue(job.origin).get_job_position(job_id)
     reason = meta.failure.reason if meta.failure is not None else None
     if state is BuildState.FAILED and not reason:
         latest = job.latest_result()
         reason = _last_line(latest.exc_string if latest is not None else None)
     return BuildStatus(
-        job_id=job_id, state=state, spec=dict(meta.spec), phase=meta.phase,
+        job_id=job_id, state=state, spec=meta.spec, phase=meta.phase,
         progress=meta.progress,
         failure_kind=meta.failure.kind if meta.failure is not None else None,
         reason=reason or meta.summary, wheel=meta.wheel, log_key=meta.log_key,
@@ -287,22 +341,19 @@ def log_tail(conn: Redis, job_id: str, lines: int = 200) -> list[str]:
 # -- scans of RQ's registries --
 
 
-def all_build_jobs(conn: Redis, *, finished_limit: int = 2000) -> list[Job]:
+def all_build_jobs(conn: Redis, *, finished_limit: int = 2000) -> list[BuildJob]:
     """Every build job the queues and registries know, fetched in one pipeline."""
+    queues = BuildQueues(conn)
     ids: dict[str, None] = {}
-    for queue in Queue.all(connection=conn):
-        if not queue.name.startswith("build-"):
-            continue
-        for jid in queue.get_job_ids():
+    for name in queues.names():
+        for jid in queues.queue(name).get_job_ids():
             ids[jid] = None
-        for registry in (StartedJobRegistry, FailedJobRegistry, CanceledJobRegistry):
-            for jid in registry(queue.name, connection=conn).get_job_ids():
+        for registry in (queues.started(name), *queues.ended(name)):
+            for jid in registry.get_job_ids():
                 ids[jid] = None
-        for jid in FinishedJobRegistry(queue.name, connection=conn).get_job_ids(
-                -finished_limit, -1):
+        for jid in queues.finished(name).get_job_ids(-finished_limit, -1):
             ids[jid] = None
-    jobs = BuildJob.fetch_many(list(ids), connection=conn, serializer=SERIALIZER)
-    return [j for j in jobs if j is not None]
+    return queues.fetch_many(list(ids))
 
 
 def finished_durations(conn: Redis, queue: str, project: str, *, exclude: str | None = None,
@@ -312,11 +363,12 @@ def finished_durations(conn: Redis, queue: str, project: str, *, exclude: str | 
     Looks at the ``scan`` oldest entries of the finished registry, of which the last ``keep``
     (other than ``exclude``) are fetched in one pipeline.
     """
-    ids = FinishedJobRegistry(queue, connection=conn).get_job_ids(0, scan - 1)
+    queues = BuildQueues(conn)
+    ids = queues.finished(queue).get_job_ids(0, scan - 1)
     ids = [i for i in ids if i != exclude][-keep:]
     durations = []
-    for job in BuildJob.fetch_many(ids, connection=conn, serializer=SERIALIZER):
-        if job is None or job.started_at is None or job.ended_at is None:
+    for job in queues.fetch_many(ids):
+        if job.started_at is None or job.ended_at is None:
             continue
         if JobMeta.from_meta(job.meta).project == project:
             durations.append((_utc(job.ended_at) - _utc(job.started_at)).total_seconds())

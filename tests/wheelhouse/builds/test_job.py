@@ -15,7 +15,7 @@ import redis
 
 from tests.helpers import plant_job
 from wheelhouse.builds import queue as q
-from wheelhouse.builds.job import JOB_FUNCTION, REFUSED_CALL, check_call
+from wheelhouse.builds.job import JOB_FUNCTION, REFUSED_CALL, JobCall
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import RefusedJob
 
@@ -76,19 +76,32 @@ def _args(**changes: Any) -> list[Any]:
 )
 def test_only_build_requests_pass(func: str, args: Any, kwargs: Any, why: str) -> None:
     with pytest.raises(RefusedJob, match=why.replace("(", r"\(").replace(")", r"\)")):
-        check_call(SPEC.job_id, SPEC.queue_name, func, None, args, kwargs)
+        JobCall.parse(SPEC.job_id, SPEC.queue_name, func, None, args, kwargs)
 
 
 def test_the_job_id_and_queue_are_the_specs() -> None:
-    assert check_call(SPEC.job_id, SPEC.queue_name, JOB_FUNCTION, None, GOOD_ARGS, {}) == SPEC
-    assert check_call(SPEC.job_id, SPEC.queue_name, JOB_FUNCTION, None,
-                      [SPEC.to_dict(), "/tmp/flash_attn-2.8.3.tar.gz"], {}) == SPEC
+    parse = JobCall.parse
+    assert parse(SPEC.job_id, SPEC.queue_name, JOB_FUNCTION, None, GOOD_ARGS, {}) \
+        == JobCall(SPEC, None, 3600)
+    assert parse(SPEC.job_id, SPEC.queue_name, JOB_FUNCTION, None,
+                 [SPEC.to_dict(), "/tmp/flash_attn-2.8.3.tar.gz"], {}) \
+        == JobCall(SPEC, "/tmp/flash_attn-2.8.3.tar.gz", None)
     with pytest.raises(RefusedJob, match="is not its spec's"):
-        check_call("../../escape", SPEC.queue_name, JOB_FUNCTION, None, GOOD_ARGS, {})
+        parse("../../escape", SPEC.queue_name, JOB_FUNCTION, None, GOOD_ARGS, {})
     with pytest.raises(RefusedJob, match="is not its spec's"):
-        check_call(SPEC.job_id, "build-cu130-x86_64", JOB_FUNCTION, None, GOOD_ARGS, {})
+        parse(SPEC.job_id, "build-cu130-x86_64", JOB_FUNCTION, None, GOOD_ARGS, {})
     with pytest.raises(RefusedJob, match="calls"):
-        check_call(SPEC.job_id, SPEC.queue_name, JOB_FUNCTION, "an instance", GOOD_ARGS, {})
+        parse(SPEC.job_id, SPEC.queue_name, JOB_FUNCTION, "an instance", GOOD_ARGS, {})
+
+
+def test_the_call_the_queue_writes_is_the_call_the_worker_reads(conn: redis.Redis) -> None:
+    """One type on both sides: what enqueue writes, the job (as a worker fetches it) reads."""
+    q.enqueue_build(conn, SPEC, source="/tmp/flash_attn-2.8.3.tar.gz", require_worker=False,
+                    timeout=1234)
+    job = q.fetch_job(conn, SPEC.job_id)
+    assert job is not None
+    assert job.call == JobCall(SPEC, "/tmp/flash_attn-2.8.3.tar.gz", 1234)
+    assert list(job.args) == list(job.call.to_args())
 
 
 def test_a_planted_pickle_is_never_loaded(conn: redis.Redis, tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def conn(redis_url: str) -> Iterator[redis.Redis]:
 
 
 def test_what_is_written_reads_back_the_same() -> None:
-    meta = JobMeta(spec=SPEC.to_dict(), phase="failed", progress=(96, 96),
+    meta = JobMeta(spec=SPEC, phase="failed", progress=(96, 96),
                    build=BuildFacts(build_id="b1", max_jobs=JOBS, seconds=3.5),
                    failure=Failure(FailureKind.OOM, "killed for lack of memory"),
                    wheel="w.whl", summary="built in 3 s", log_key="logs/w.whl.log")
@@ -56,7 +56,7 @@ def test_what_is_written_reads_back_the_same() -> None:
     assert data["version"] == VERSION == 1
     assert JobMeta.from_meta(data) == meta
     # Unknown values are left out, not written as nulls.
-    assert JobMeta(spec=SPEC.to_dict(), phase="queued").to_meta() == {
+    assert JobMeta(spec=SPEC, phase="queued").to_meta() == {
         "version": VERSION, "spec": SPEC.to_dict(), "phase": "queued"}
 
 
@@ -97,6 +97,17 @@ def test_the_previous_release_s_meta_reads_gracefully() -> None:
 ])
 def test_from_meta_never_raises(data: Any, expected: JobMeta) -> None:
     assert JobMeta.from_meta(data) == expected
+
+
+def test_the_spec_is_a_build_spec_or_none() -> None:
+    """The spec is read as a :class:`BuildSpec`: keys a newer release adds are ignored (a
+    rolling upgrade), a spec that doesn't parse is no spec (the pages skip the job)."""
+    newer = {"version": 2, "spec": SPEC.to_dict() | {"priority": "high"}, "phase": "queued"}
+    assert JobMeta.from_meta(newer).spec == SPEC
+    broken = {"version": 1, "spec": SPEC.to_dict() | {"python": "3.11; rm -rf /"}}
+    meta = JobMeta.from_meta(broken)
+    assert meta.spec is None and meta.project is None
+    assert "spec" not in meta.to_meta()
 
 
 def test_the_queue_writes_it_and_reads_a_previous_release_s_job(conn: redis.Redis) -> None:

@@ -53,7 +53,7 @@ def test_same_spec_twice_gives_one_job(conn: redis.Redis) -> None:
     status = q.get_build(conn, SPEC.job_id)
     assert status is not None
     assert status.state is q.BuildState.QUEUED and status.position == 0
-    assert status.spec == SPEC.to_dict() and status.phase == "queued"
+    assert status.spec == SPEC and status.phase == "queued"
     assert q.get_build(conn, "build-nope") is None
 
 
