@@ -90,6 +90,8 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         "state": status.state.value,
         "finished": status.finished,
         "phase": status.phase,
+        # Above 1: a worker died mid-build and this run resumed from the compile cache.
+        "attempt": status.attempt,
         "spec": spec.to_dict() if spec is not None else {},
         "description": spec.describe() if spec else None,
         "variant": spec.variant.key if spec else None,
@@ -109,7 +111,8 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         if facts.patches is not None else None,
         "device_code": facts.device_code_summary(),
         "compile_cache": {"hits": facts.compile_cache.hits, "misses": facts.compile_cache.misses,
-                          "hit_rate": round(facts.compile_cache.hit_rate, 3)}
+                          "hit_rate": round(facts.compile_cache.hit_rate, 3),
+                          "fetched": facts.compile_cache.fetched}
         if facts.compile_cache is not None else None,
         "toolkit": facts.toolkit,
         # What it was built from, and where the signed statement of it is (PEP 740).

@@ -173,3 +173,5 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
         # those entries (a fresh bucket, an empty workspace).
         cache = status.build.compile_cache
         assert cache is not None and cache.hits > 0, (cache, log.read_text()[-3000:])
+        # What its page shows (issue 31): the second attempt, with what it fetched first.
+        assert status.attempt == 2 and cache.fetched > 0, (status.attempt, cache)

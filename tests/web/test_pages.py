@@ -28,6 +28,7 @@ from wheelhouse.index.catalog import Record
 from wheelhouse.index.layout import GENERATION_KEY, record_key
 from wheelhouse.index.publish import publish
 from wheelhouse.provenance import attest, ca, predicates
+from wheelhouse.retry import ABANDONED_JOBS
 from wheelhouse.variants import KNOWN_CUDA, parse_variant
 
 
@@ -585,13 +586,35 @@ def test_build_page_says_what_was_patched_compiled_and_cached(
     view = fleet_client.get(f"/api/builds/{job_id}").json
     assert view["patches"] == [{**PATCH.to_dict(), "ref": "flash-attn/cxx20"}]
     assert view["device_code"] == "sm_80, sm_90"
-    assert view["compile_cache"] == {"hits": 70, "misses": 2, "hit_rate": 0.972}
+    assert view["compile_cache"] == {"hits": 70, "misses": 2, "hit_rate": 0.972, "fetched": 0}
+    assert view["attempt"] == 1 and 'id="attempt"' not in page
 
     unpatched = _as_worker(conn, _spec("3.12"), JobStatus.FINISHED, phase="published",
                            build=BuildFacts(patches=(), device_code={}).to_dict())
     page = fleet_client.get(f"/builds/{unpatched}").text
     assert 'id="patches">none: the sdist as released<' in page
     assert 'id="device-code">no SASS<' in page and 'id="compile-cache">—<' in page
+
+
+def test_build_page_of_a_resumed_build_says_so(fleet_client: FlaskClient, conn: Redis) -> None:
+    """Issue 31: a job RQ handed to another worker after its first one died (its retry
+    spent) is attempt 2, and its page says it resumed from what the first attempt pushed."""
+    spec = _spec("3.12")
+    resumed = BuildFacts(compile_cache=CompileCacheStats(requests=30, hits=21, misses=3,
+                                                         fetched=21))
+    job_id = _as_worker(conn, spec, JobStatus.FINISHED, phase="published",
+                        wheel=spec.expected_wheel_name, build=resumed.to_dict())
+    job = build_job(conn, job_id)
+    assert job.retries_left == ABANDONED_JOBS.retries  # what a first attempt has left
+    job.retries_left = 0
+    job.save()
+    page = fleet_client.get(f"/builds/{job_id}").text
+    assert ('id="compile-cache">21 hits, 3 misses (88%); 21 entries fetched from storage '
+            "first<") in page
+    attempt = page[page.index('id="attempt"'):page.index("</td>", page.index('id="attempt"'))]
+    assert "2: the worker of attempt 1 died mid-build" in attempt and "(21 hits)" in attempt
+    view = fleet_client.get(f"/api/builds/{job_id}").json
+    assert view["attempt"] == 2 and view["compile_cache"]["fetched"] == 21
 
 
 def test_build_page_reads_the_record_when_the_meta_lacks_the_facts(

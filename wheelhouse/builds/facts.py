@@ -119,6 +119,9 @@ class CompileCacheStats:
     hits_by_language: dict[str, int] = field(default_factory=dict)
     misses_by_language: dict[str, int] = field(default_factory=dict)
     location: str = ""
+    fetched: int = 0
+    """Entries fetched from storage before the compile: what other builds of the project and
+    CUDA line, and this build's earlier attempts, stored (a resumed build's head start)."""
 
     @property
     def hit_rate(self) -> float:
@@ -129,7 +132,8 @@ class CompileCacheStats:
         return {"requests": self.requests, "hits": self.hits, "misses": self.misses,
                 "not_cacheable": self.not_cacheable, "errors": self.errors,
                 "hit_rate": round(self.hit_rate, 3), "hits_by_language": self.hits_by_language,
-                "misses_by_language": self.misses_by_language, "location": self.location}
+                "misses_by_language": self.misses_by_language, "location": self.location,
+                "fetched": self.fetched}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CompileCacheStats:
@@ -142,6 +146,7 @@ class CompileCacheStats:
             hits_by_language=_counts(data.get("hits_by_language")),
             misses_by_language=_counts(data.get("misses_by_language")),
             location=_str(data.get("location")) or "",
+            fetched=_int(data.get("fetched")) or 0,
         )
 
 

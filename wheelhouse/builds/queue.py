@@ -149,6 +149,10 @@ class BuildStatus:
     ended_at: datetime | None = None
     build: BuildFacts = field(default_factory=BuildFacts)
     """What the build has measured so far (``JobMeta.build``)."""
+    attempt: int = 1
+    """Which run of the job this is: above 1 once a worker that died left it to another
+    (RQ's retry of an abandoned job), which resumes from the compile cache its earlier
+    attempts pushed as they went."""
 
     @property
     def finished(self) -> bool:
@@ -255,8 +259,16 @@ def get_build(conn: Redis, job_id: str) -> BuildStatus | None:
         failure_kind=meta.failure.kind if meta.failure is not None else None,
         reason=reason or meta.summary, wheel=meta.wheel, log_key=meta.log_key,
         position=position, enqueued_at=_utc(job.enqueued_at), started_at=_utc(job.started_at),
-        ended_at=_utc(job.ended_at), build=meta.build,
+        ended_at=_utc(job.ended_at), build=meta.build, attempt=attempt_of(job),
     )
+
+
+def attempt_of(job: Job) -> int:
+    """1 for a job's first run, 2 for its first retry, ...: from what RQ's retry has left."""
+    left = job.retries_left
+    if not isinstance(left, int) or isinstance(left, bool):
+        return 1
+    return max(1, 1 + ABANDONED_JOBS.retries - left)
 
 
 def _last_line(text: str | None) -> str | None:

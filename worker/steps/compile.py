@@ -176,6 +176,8 @@ class SharedCache:
     known: set[str] | None
     """The entries storage holds (None: nothing is shared through storage); an out-of-memory
     retry pushes only what it adds."""
+    fetched: int = 0
+    """How many entries were fetched from storage before the compile."""
 
 
 def open_cache(ctx: BuildContext, run: Runner, toolkit: ToolkitInfo) -> SharedCache | None:
@@ -208,12 +210,12 @@ def open_cache(ctx: BuildContext, run: Runner, toolkit: ToolkitInfo) -> SharedCa
         basedirs=[ctx.workspace, ctx.source_root], tools_dir=tools)
     sandbox = run.sandbox
     owner = (sandbox.uid, sandbox.gid) if sandbox is not None and sandbox.as_root else None
-    known = pull_cache_entries(ctx, cache, owner=owner, max_bytes=limit)
+    fetched, known = pull_cache_entries(ctx, cache, owner=owner, max_bytes=limit)
     nvcc = nvcc_version(Path(toolkit.nvcc))
     mm = tuple(int(p) for p in nvcc[0].split(".")) if nvcc else (0, 0)
     cacheable, line = compilecache.nvcc_cacheable(version, (mm[0], mm[1]))
     ctx.say(f"compile cache: {line}")
-    return SharedCache(cache, lock, Path(toolkit.nvcc) if cacheable else None, known)
+    return SharedCache(cache, lock, Path(toolkit.nvcc) if cacheable else None, known, fetched)
 
 
 def _lock_cache(directory: Path) -> int | None:
@@ -230,11 +232,13 @@ def _lock_cache(directory: Path) -> int | None:
 
 
 def pull_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache, *,
-                       owner: tuple[int, int] | None, max_bytes: int) -> set[str] | None:
+                       owner: tuple[int, int] | None, max_bytes: int,
+                       ) -> tuple[int, set[str] | None]:
     """Fetch the namespace's entries from storage (not with local storage: the host's cache
-    is the cache); return the names storage holds, or None when nothing is shared."""
+    is the cache); return how many were fetched and the names storage holds (None when
+    nothing is shared)."""
     if isinstance(ctx.storage, LocalStorage):
-        return None
+        return 0, None
     try:
         fetched, known = ctx.retried(
             "fetching the compile cache",
@@ -242,10 +246,10 @@ def pull_cache_entries(ctx: BuildContext, cache: compilecache.CompileCache, *,
                                       max_bytes=max_bytes))
     except BuildFailed as exc:  # the cache is an optimization: build without the pull
         ctx.say(f"compile cache not fetched from storage: {exc.reason}")
-        return None
+        return 0, None
     ctx.say(f"compile cache: {fetched} of {len(known)} entries fetched from storage "
             f"({layout.compile_cache_prefix(cache.space)})")
-    return known
+    return fetched, known
 
 
 def sync_cache(ctx: BuildContext, shared: SharedCache | None) -> None:
@@ -260,6 +264,7 @@ def sync_cache(ctx: BuildContext, shared: SharedCache | None) -> None:
                 "entries evicted (WHEELHOUSE_COMPILE_CACHE_MAX_GIB)")
     stats = read_cache_stats(shared.cache)
     if stats is not None:
+        stats = replace(stats, fetched=shared.fetched)
         ctx.journal.measured(compile_cache=stats)
         ctx.say(f"compile cache: {stats.hits} hits, {stats.misses} misses "
                 f"({stats.hit_rate:.0%}), {stats.errors} errors")
