@@ -20,6 +20,7 @@ from wheelhouse.builds.queue import cancel_build, get_build, log_since
 from wheelhouse.builds.responses import (
     BuildsCreated,
     CancelRequested,
+    FleetView,
     LogPage,
     SourceStored,
     SubmittedBuild,
@@ -235,6 +236,5 @@ def workers() -> Response:
     pairs = sorted(servable(conn))
     # Issue 21: versions a worker was told to provision and could not, with each reason.
     unavailable = unavailable_reasons(live_workers(conn))
-    return _no_store(jsonify({"workers": ads,
-                              "servable": [{"cuda": c, "machine": m} for c, m in pairs],
-                              "unavailable": unavailable}))
+    return _no_store(jsonify(FleetView(workers=tuple(ads), servable=tuple(pairs),
+                                       unavailable=unavailable).to_json()))

@@ -18,6 +18,7 @@ from wheelhouse.builds.responses import (
     BuildsCreated,
     BuildView,
     CancelRequested,
+    FleetView,
     LogPage,
     RequestView,
     SourceStored,
@@ -222,6 +223,8 @@ def test_workers_lists_the_fleet(queue_client: FlaskClient, tok: str) -> None:
     assert {"cuda": "12.1", "machine": "x86_64"} in data["servable"]  # older minor of 12.x
     assert {"cuda": "13.0", "machine": "x86_64"} not in data["servable"]
     assert data["unavailable"] == {}
+    fleet = FleetView.from_json(data)
+    assert fleet.to_json() == data and ("12.8", "x86_64") in fleet.servable
 
 
 def test_workers_say_why_a_version_is_not_offered(queue_client: FlaskClient, conn: Redis) -> None:

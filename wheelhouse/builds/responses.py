@@ -242,6 +242,35 @@ def parse_view(data: object) -> BuildView | RequestView:
     return BuildView.from_json(data)
 
 
+# -- GET /api/workers --
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """The live fleet: each worker's advert (``wheelhouse.builds.fleet.WorkerAd`` as JSON),
+    the (CUDA, machine) pairs it can build, and why versions no worker offers are missing."""
+
+    workers: tuple[dict[str, Any], ...]
+    servable: tuple[tuple[str, str], ...] = ()
+    unavailable: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workers": list(self.workers),
+                "servable": [{"cuda": c, "machine": m} for c, m in self.servable],
+                "unavailable": self.unavailable}
+
+    @classmethod
+    def from_json(cls, data: object) -> FleetView:
+        what = "the fleet listing"
+        d = _object(data, what)
+        _require(d, what, workers=list)
+        pairs = [_object(p, what) for p in _list(d, "servable", what)]
+        unavailable = d.get("unavailable", {})
+        return cls(workers=tuple(_object(w, what) for w in d["workers"]),
+                   servable=tuple((str(p.get("cuda")), str(p.get("machine"))) for p in pairs),
+                   unavailable=unavailable if isinstance(unavailable, dict) else {})
+
+
 # -- the log, sources and cancel --
 
 

@@ -11,6 +11,7 @@ from wheelhouse.builds.responses import (
     BuildsCreated,
     BuildView,
     CancelRequested,
+    FleetView,
     LogPage,
     RequestPart,
     RequestView,
@@ -43,6 +44,8 @@ ANSWERS: list[Any] = [
     SourceStored(sha256="0" * 64, filename="vecadd-0.1.0.tar.gz", size=12),
     CancelRequested(id="build-a", state="cancelled"),
     CancelRequested(id="split-a", state="cancelled", parts=("build-a-sm80",)),
+    FleetView(workers=({"name": "gpu-1", "cuda_versions": ["12.8"]},),
+              servable=(("12.8", "x86_64"),), unavailable={"13.0": ["gpu-1: no toolkit"]}),
 ]
 
 
@@ -80,6 +83,7 @@ def test_a_view_is_told_apart_by_its_kind() -> None:
     (LogPage.from_json, {"lines": "not a list", "next": 0}, "'lines' is str"),
     (SourceStored.from_json, {"sha256": "0" * 64, "filename": "x.tar.gz"}, "no 'size'"),
     (CancelRequested.from_json, {"state": "cancelled"}, "no 'id'"),
+    (FleetView.from_json, {"servable": []}, "no 'workers'"),
     (parse_view, ["not", "an", "object"], "expected a JSON object, got list"),
 ])
 def test_a_missing_or_mistyped_required_key_is_one_clear_error(
