@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,14 @@ from web.sources import store_source, too_large
 from wheelhouse.builds.fanout import cancel_request, is_request_id, load_request, request_status
 from wheelhouse.builds.fleet import live_workers, servable, unavailable_reasons
 from wheelhouse.builds.queue import cancel_build, get_build, log_since
+from wheelhouse.builds.responses import (
+    BuildsCreated,
+    CancelRequested,
+    FleetView,
+    LogPage,
+    SourceStored,
+    SubmittedBuild,
+)
 from wheelhouse.builds.spec import check_sdist_filename
 from wheelhouse.builds.submission import Submitted, SubmittedSplit, submit_request
 from wheelhouse.errors import InvalidBuildSpec
@@ -111,21 +119,22 @@ def create_builds() -> Response:
         item = _submitted(r)
         if isinstance(r, SubmittedSplit):
             # One request, one job per architecture: each part is a build of its own.
-            item["parts"] = [_submitted(p) | {"arch": p.spec.archs[0]} for p in r.parts]
+            item = replace(item, parts=tuple(replace(_submitted(p), arch=p.spec.archs[0])
+                                             for p in r.parts))
         builds.append(item)
     warnings = sorted({r.warning for r in results if r.warning})
-    resp = jsonify({"builds": builds, "warnings": warnings} if warnings else {"builds": builds})
+    resp = jsonify(BuildsCreated(builds=tuple(builds), warnings=tuple(warnings)).to_json())
     resp.status_code = 201 if any(r.created for r in results) else 200
     return _no_store(resp)
 
 
-def _submitted(r: Submitted | SubmittedSplit) -> dict[str, Any]:
-    return {
-        "id": r.job_id, "python": r.spec.python, "variant": r.spec.variant.key,
-        "state": r.state, "created": r.created, "wheel": r.wheel,
-        "url": url_for("buildpage.build", job_id=r.job_id, _external=True),
-        "api": url_for("api.build", job_id=r.job_id, _external=True),
-    }
+def _submitted(r: Submitted | SubmittedSplit) -> SubmittedBuild:
+    return SubmittedBuild(
+        id=r.job_id, python=r.spec.python, variant=r.spec.variant.key,
+        state=r.state, created=r.created, wheel=r.wheel,
+        url=url_for("buildpage.build", job_id=r.job_id, _external=True),
+        api=url_for("api.build", job_id=r.job_id, _external=True),
+    )
 
 
 @bp.put("/sources/<filename>")
@@ -143,7 +152,7 @@ def upload_source(filename: str) -> Response:
     request.max_content_length = limit  # raises the app-wide web.guard.MAX_BODY for this route
     stored = store_source(svc, info, filename, request.stream.read)
     ref, size, created = stored.ref, stored.size, stored.created
-    resp = jsonify({"sha256": ref.sha256, "filename": ref.filename, "size": size})
+    resp = jsonify(SourceStored(sha256=ref.sha256, filename=ref.filename, size=size).to_json())
     resp.status_code = 201 if created else 200
     return _no_store(resp)
 
@@ -157,20 +166,21 @@ def build(job_id: str) -> Response:
             raise NotFound("no such build request")
         view = request_view(conn, request_status(conn, request, services().catalog),
                             base_url(), services().catalog)
-        for part in view["parts"]:
-            part["url"] = url_for("buildpage.build", job_id=part["id"])
-            part["api"] = url_for("api.build", job_id=part["id"])
-        view["urls"] = {"page": url_for("buildpage.build", job_id=job_id),
-                        "cancel": url_for("api.cancel", job_id=job_id)}
-        return _no_store(jsonify(view))
+        parts = tuple(replace(part, url=url_for("buildpage.build", job_id=part.id),
+                              api=url_for("api.build", job_id=part.id))
+                      for part in view.parts)
+        view = replace(view, parts=parts,
+                       urls={"page": url_for("buildpage.build", job_id=job_id),
+                             "cancel": url_for("api.cancel", job_id=job_id)})
+        return _no_store(jsonify(view.to_json()))
     status = get_build(conn, job_id)
     if status is None:
         raise NotFound("no such build")
-    view = build_view(conn, status, base_url(), services().catalog)
-    view["urls"] = {"page": url_for("buildpage.build", job_id=job_id),
-                    "log": url_for("api.build_log", job_id=job_id),
-                    "cancel": url_for("api.cancel", job_id=job_id)}
-    return _no_store(jsonify(view))
+    one = replace(build_view(conn, status, base_url(), services().catalog),
+                  urls={"page": url_for("buildpage.build", job_id=job_id),
+                        "log": url_for("api.build_log", job_id=job_id),
+                        "cancel": url_for("api.cancel", job_id=job_id)})
+    return _no_store(jsonify(one.to_json()))
 
 
 @bp.get("/builds/<job_id>/log")
@@ -186,7 +196,7 @@ def build_log(job_id: str) -> Response:
     if len(lines) > LOG_PAGE:
         dropped = len(lines) - LOG_PAGE
         lines = lines[-LOG_PAGE:]
-    return _no_store(jsonify({"lines": lines, "next": total, "skipped": dropped}))
+    return _no_store(jsonify(LogPage(lines=tuple(lines), next=total, skipped=dropped).to_json()))
 
 
 @bp.post("/builds/<job_id>/cancel")
@@ -203,16 +213,16 @@ def cancel(job_id: str) -> Response:
         if not cancelled:
             raise Conflict("every part of the request already ended")
         state = request_status(conn, request, services().catalog).state
-        return _no_store(jsonify({"id": job_id, "cancel_requested": True,
-                                  "parts": cancelled, "state": state.value}))
+        return _no_store(jsonify(CancelRequested(id=job_id, state=state.value,
+                                                 parts=tuple(cancelled)).to_json()))
     if get_build(conn, job_id) is None:
         raise NotFound("no such build")
     auth.require_cancel(info, job_id)
     if not cancel_build(conn, job_id):
         raise Conflict("the build already ended")
     status = get_build(conn, job_id)
-    return _no_store(jsonify({"id": job_id, "cancel_requested": True,
-                              "state": status.state.value if status else None}))
+    return _no_store(jsonify(CancelRequested(
+        id=job_id, state=status.state.value if status else None).to_json()))
 
 
 @bp.get("/workers")
@@ -226,6 +236,5 @@ def workers() -> Response:
     pairs = sorted(servable(conn))
     # Issue 21: versions a worker was told to provision and could not, with each reason.
     unavailable = unavailable_reasons(live_workers(conn))
-    return _no_store(jsonify({"workers": ads,
-                              "servable": [{"cuda": c, "machine": m} for c, m in pairs],
-                              "unavailable": unavailable}))
+    return _no_store(jsonify(FleetView(workers=tuple(ads), servable=tuple(pairs),
+                                       unavailable=unavailable).to_json()))

@@ -35,7 +35,7 @@ def build(job_id: str) -> str:
     status = get_build(conn, job_id)
     if status is None:
         raise NotFound("no such build (builds are kept for 30 days)")
-    view = build_view(conn, status, base_url(), services().catalog)
+    view = build_view(conn, status, base_url(), services().catalog).to_json()
     lines = log_tail(conn, job_id, LOG_LINES)
     if not lines and status.finished and status.log_key:
         lines = _stored_log_tail(status.log_key)
@@ -60,7 +60,7 @@ def _split_request(request_id: str) -> str:
     if request is None:
         raise NotFound("no such build request (requests are kept for 30 days)")
     status = request_status(conn, request, services().catalog)
-    view = request_view(conn, status, base_url(), services().catalog)
+    view = request_view(conn, status, base_url(), services().catalog).to_json()
     info = auth.current_token()
     return render_template(
         "split.html", view=view, spec=request.spec,

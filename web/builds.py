@@ -7,10 +7,11 @@ from __future__ import annotations
 import re
 import statistics
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from wheelhouse.builds.fanout import RequestStatus, part_spec
 from wheelhouse.builds.queue import BuildState, BuildStatus, finished_durations
+from wheelhouse.builds.responses import BuildView, RequestPart, RequestView
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.index.catalog import Catalog
 from wheelhouse.index.layout import PROVENANCE_SUFFIX
@@ -44,8 +45,8 @@ def history_estimate(conn: Redis, status: BuildStatus) -> float | None:
 
 
 def build_view(conn: Redis, status: BuildStatus, base_url: str,
-               catalog: Catalog | None = None) -> dict[str, Any]:
-    """The JSON form of a build, for the API and the build page's script.
+               catalog: Catalog | None = None) -> BuildView:
+    """A build as the API and the build page's script show it.
 
     With ``catalog``, a built wheel's record fills in what the job's meta lacks (peak memory,
     patches, device code, compile cache).
@@ -85,53 +86,53 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
         if not status.finished:
             percent = min(percent, _RUNNING_MAX_PERCENT)  # 100% is for a build that ended
         progress = {"done": done, "total": total, "percent": percent}
-    return {
-        "id": status.job_id,
-        "state": status.state.value,
-        "finished": status.finished,
-        "phase": status.phase,
+    return BuildView(
+        id=status.job_id,
+        state=status.state.value,
+        finished=status.finished,
+        phase=status.phase,
         # Above 1: a worker died mid-build and this run resumed from the compile cache.
-        "attempt": status.attempt,
-        "spec": spec.to_dict() if spec is not None else {},
-        "description": spec.describe() if spec else None,
-        "variant": spec.variant.key if spec else None,
-        "progress": progress,
-        "position": status.position,
-        "failure_kind": status.failure_kind.value if status.failure_kind else None,
-        "reason": status.reason,
-        "max_jobs": status.max_jobs,
-        "max_jobs_reason": status.max_jobs_reason,
+        attempt=status.attempt,
+        spec=spec.to_dict() if spec is not None else {},
+        description=spec.describe() if spec else None,
+        variant=spec.variant.key if spec else None,
+        progress=progress,
+        position=status.position,
+        failure_kind=status.failure_kind.value if status.failure_kind else None,
+        reason=status.reason,
+        max_jobs=status.max_jobs,
+        max_jobs_reason=status.max_jobs_reason,
         # What each compile job was charged for: its device targets and effective nvcc threads.
-        "max_jobs_charge": facts.max_jobs.charge_summary() if facts.max_jobs else None,
-        "peak_memory_bytes": peak,
+        max_jobs_charge=facts.max_jobs.charge_summary() if facts.max_jobs else None,
+        peak_memory_bytes=peak,
         # How the build was sandboxed; "off (unsafe)…" where the worker ran it unsandboxed.
-        "sandbox": status.build.sandbox,
+        sandbox=status.build.sandbox,
 
-        "patches": [p.to_dict() | {"ref": p.ref} for p in facts.patches]
+        patches=[p.to_dict() | {"ref": p.ref} for p in facts.patches]
         if facts.patches is not None else None,
-        "device_code": facts.device_code_summary(),
-        "compile_cache": {"hits": facts.compile_cache.hits, "misses": facts.compile_cache.misses,
-                          "hit_rate": round(facts.compile_cache.hit_rate, 3),
-                          "fetched": facts.compile_cache.fetched}
+        device_code=facts.device_code_summary(),
+        compile_cache={"hits": facts.compile_cache.hits, "misses": facts.compile_cache.misses,
+                       "hit_rate": round(facts.compile_cache.hit_rate, 3),
+                       "fetched": facts.compile_cache.fetched}
         if facts.compile_cache is not None else None,
-        "toolkit": facts.toolkit,
+        toolkit=facts.toolkit,
         # What it was built from, and where the signed statement of it is (PEP 740).
-        "source": {"url": facts.sdist_url or facts.sdist, "sha256": facts.sdist_sha256}
+        source={"url": facts.sdist_url or facts.sdist, "sha256": facts.sdist_sha256}
         if facts.sdist_url or facts.sdist else None,
-        "provenance": f"{base_url.rstrip('/')}/files/{record.variant.base.key}/{record.project}/"
-                      f"{record.filename}{PROVENANCE_SUFFIX}"
+        provenance=f"{base_url.rstrip('/')}/files/{record.variant.base.key}/{record.project}/"
+                   f"{record.filename}{PROVENANCE_SUFFIX}"
         if record is not None and record.provenance_sha256 is not None else None,
-        "wheel": status.wheel,
-        "install": install_command(base_url, spec) if spec and status.state is BuildState.BUILT
+        wheel=status.wheel,
+        install=install_command(base_url, spec) if spec and status.state is BuildState.BUILT
         else None,
-        "enqueued_at": _iso(status.enqueued_at),
-        "started_at": _iso(status.started_at),
-        "ended_at": _iso(status.ended_at),
-        "elapsed_seconds": round(elapsed, 1) if elapsed is not None else None,
-        "estimate_seconds": round(estimate, 1) if estimate is not None else None,
-        "remaining_seconds": round(remaining, 1) if remaining is not None else None,
-        "finishing": finishing,
-    }
+        enqueued_at=_iso(status.enqueued_at),
+        started_at=_iso(status.started_at),
+        ended_at=_iso(status.ended_at),
+        elapsed_seconds=round(elapsed, 1) if elapsed is not None else None,
+        estimate_seconds=round(estimate, 1) if estimate is not None else None,
+        remaining_seconds=round(remaining, 1) if remaining is not None else None,
+        finishing=finishing,
+    )
 
 
 #: The most a running build's progress shows: its last compile step done is not the end.
@@ -153,36 +154,36 @@ def _finishing(status: BuildStatus) -> bool:
 
 
 def request_view(conn: Redis, status: RequestStatus, base_url: str,
-                 catalog: Catalog | None = None) -> dict[str, Any]:
-    """The JSON form of a split request: its state from its parts', and each part's view."""
+                 catalog: Catalog | None = None) -> RequestView:
+    """A split request: its state from its parts', and each part's view."""
     request = status.request
     parts = []
     for part in status.parts:
         view = build_view(conn, part.build, base_url, catalog) if part.build is not None \
             else None
         pspec = part_spec(request.spec, part.arch)
-        parts.append({
-            "arch": part.arch, "id": part.job_id, "state": part.state.value,
-            "job": part.build is not None,
-            "finished": part.finished, "variant": pspec.variant.key, "wheel": part.wheel,
-            "progress": view["progress"] if view else None,
-            "phase": view["phase"] if view else None,
-            "reason": view["reason"] if view else None,
-            "failure_kind": view["failure_kind"] if view else None,
-            "started_at": view["started_at"] if view else None,
-            "ended_at": view["ended_at"] if view else None,
-            "install": install_command(base_url, pspec)
+        parts.append(RequestPart(
+            arch=part.arch, id=part.job_id, state=part.state.value,
+            job=part.build is not None,
+            finished=part.finished, variant=pspec.variant.key, wheel=part.wheel,
+            progress=view.progress if view else None,
+            phase=view.phase if view else None,
+            reason=view.reason if view else None,
+            failure_kind=view.failure_kind if view else None,
+            started_at=view.started_at if view else None,
+            ended_at=view.ended_at if view else None,
+            install=install_command(base_url, pspec)
             if part.state is BuildState.BUILT else None,
-        })
-    return {
-        "id": request.id,
-        "kind": "split",
-        "state": status.state.value,
-        "finished": status.finished,
-        "spec": request.spec.to_dict(),
-        "description": request.describe(),
-        "variant": request.spec.variant.key,
-        "archs": list(request.archs),
-        "parts": parts,
-        "enqueued_at": datetime.fromtimestamp(request.created_at, UTC).isoformat(),
-    }
+        ))
+    return RequestView(
+        id=request.id,
+        kind="split",
+        state=status.state.value,
+        finished=status.finished,
+        spec=request.spec.to_dict(),
+        description=request.describe(),
+        variant=request.spec.variant.key,
+        archs=tuple(request.archs),
+        parts=tuple(parts),
+        enqueued_at=datetime.fromtimestamp(request.created_at, UTC).isoformat(),
+    )

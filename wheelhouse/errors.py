@@ -128,6 +128,10 @@ class TokenError(WheelhouseError, ValueError):
     """A token name or scope that is not allowed, or a name that is already taken."""
 
 
+class InvalidResponse(WheelhouseError, ValueError):
+    """An API answer lacks a field this release needs, or has it of the wrong type."""
+
+
 class RedisSettingError(WheelhouseError, ValueError):
     """Redis settings that cannot be used: a password file that can't be read, or two passwords."""
 

@@ -14,6 +14,16 @@ from redis import Redis
 from tests.helpers import QuietHandler, free_port, make_wheel, serve_http
 from tests.web.buildhelpers import GOOD, advertise_worker, bearer, make_app, token
 from wheelhouse.builds.queue import BuildState, append_log, get_build
+from wheelhouse.builds.responses import (
+    BuildsCreated,
+    BuildView,
+    CancelRequested,
+    FleetView,
+    LogPage,
+    RequestView,
+    SourceStored,
+    parse_view,
+)
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.index.layout import source_key
 from wheelhouse.index.publish import publish
@@ -155,6 +165,50 @@ def test_build_status_progress_log_and_cancel(queue_client: FlaskClient, tok: st
     assert again.status_code == 409
 
 
+def test_every_answer_the_api_gives_parses_as_its_type(
+        queue_client: FlaskClient, tok: str, conn: Redis) -> None:
+    """The CLI reads what this web writes: each real answer through its ``from_json``, and
+    back through ``to_json`` to the very JSON that was sent."""
+    made = queue_client.post("/api/builds", json=GOOD, headers=bearer(tok))
+    created = BuildsCreated.from_json(made.json)
+    assert created.to_json() == made.json
+    [b] = created.builds
+    assert b.created and b.state == "queued" and b.api is not None
+    raw = queue_client.get(b.api).json
+    view = parse_view(raw)
+    assert isinstance(view, BuildView) and view.id == b.id and view.state == "queued"
+    assert view.urls is not None and view.to_json() == raw
+
+    append_log(conn, b.id, ["[1/2] nvcc a.cu"])
+    raw = queue_client.get(f"/api/builds/{b.id}/log").json
+    page = LogPage.from_json(raw)
+    assert page == LogPage(lines=("[1/2] nvcc a.cu",), next=1) and page.to_json() == raw
+    raw = queue_client.post(f"/api/builds/{b.id}/cancel", headers=bearer(tok)).json
+    cancelled = CancelRequested.from_json(raw)
+    assert cancelled.state == "cancelled" and cancelled.to_json() == raw
+
+    split = queue_client.post("/api/builds", json={**GOOD, "archs": ["sm80", "sm90"],
+                                                   "split_archs": True}, headers=bearer(tok))
+    [whole] = BuildsCreated.from_json(split.json).builds
+    assert whole.parts is not None and [p.arch for p in whole.parts] == ["80", "90"]
+    assert BuildsCreated.from_json(split.json).to_json() == split.json
+    raw = queue_client.get(f"/api/builds/{whole.id}").json
+    request = parse_view(raw)
+    assert isinstance(request, RequestView) and request.to_json() == raw
+    assert [p.api for p in request.parts] == [f"/api/builds/{p.id}" for p in whole.parts]
+    raw = queue_client.post(f"/api/builds/{whole.id}/cancel", headers=bearer(tok)).json
+    cancelled = CancelRequested.from_json(raw)
+    # The sm90 part is the one-arch build cancelled above: only sm80 is told to stop.
+    assert cancelled.parts == (whole.parts[0].id,)
+    assert cancelled.to_json() == raw
+
+    body = b"\x1f\x8b pretend sdist bytes"
+    raw = queue_client.put(f"/api/sources/{SDIST}", data=body, headers=bearer(tok)).json
+    stored = SourceStored.from_json(raw)
+    assert stored == SourceStored(sha256=hashlib.sha256(body).hexdigest(), filename=SDIST,
+                                  size=len(body))
+
+
 def test_unknown_build_is_404(queue_client: FlaskClient, tok: str) -> None:
     assert queue_client.get("/api/builds/build-nope-1").status_code == 404
     assert queue_client.get("/api/builds/bad.id").status_code == 404
@@ -169,6 +223,8 @@ def test_workers_lists_the_fleet(queue_client: FlaskClient, tok: str) -> None:
     assert {"cuda": "12.1", "machine": "x86_64"} in data["servable"]  # older minor of 12.x
     assert {"cuda": "13.0", "machine": "x86_64"} not in data["servable"]
     assert data["unavailable"] == {}
+    fleet = FleetView.from_json(data)
+    assert fleet.to_json() == data and ("12.8", "x86_64") in fleet.servable
 
 
 def test_workers_say_why_a_version_is_not_offered(queue_client: FlaskClient, conn: Redis) -> None:

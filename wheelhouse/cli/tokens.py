@@ -12,8 +12,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
 import click
@@ -22,10 +23,18 @@ from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
 from wheelhouse import keys
 from wheelhouse.builds.queue import BuildState
+from wheelhouse.builds.responses import (
+    BuildsCreated,
+    BuildView,
+    RequestView,
+    SourceStored,
+    SubmittedBuild,
+    parse_view,
+)
 from wheelhouse.builds.sourcedir import pack_directory
 from wheelhouse.cli.main import pass_config
 from wheelhouse.config import Config
-from wheelhouse.errors import WheelhouseError
+from wheelhouse.errors import InvalidResponse, WheelhouseError
 from wheelhouse.index.tokens import (
     DEFAULT_SCOPES,
     SCOPES,
@@ -42,6 +51,8 @@ if TYPE_CHECKING:
 TOKEN_ENV = "WHEELHOUSE_TOKEN"  # noqa: S105 (a variable name)
 SERVER_ENV = "WHEELHOUSE_SERVER"
 POLL_ENV = "WHEELHOUSE_POLL_SECONDS"
+
+_Answer = TypeVar("_Answer")
 
 #: States of a build that will not bring a wheel unless it is run again.
 _ENDED_WITHOUT_WHEEL = (BuildState.FAILED.value, BuildState.CANCELLED.value)
@@ -172,9 +183,10 @@ def _upload_sdist(server: str, token: str, path: Path) -> dict[str, str]:
     if status >= 400:
         raise click.ClickException(f"uploading {path.name}: {status}: "
                                    f"{payload.get('error', payload)}")
-    if payload.get("sha256") != digest.hexdigest():
+    stored = _parse(SourceStored.from_json, payload)
+    if stored.sha256 != digest.hexdigest():
         raise click.ClickException(f"the server stored {path.name} as sha256 "
-                                   f"{payload.get('sha256')!r}, not {digest.hexdigest()}")
+                                   f"{stored.sha256!r}, not {digest.hexdigest()}")
     click.echo(f"uploaded {path.name} (sha256 {digest.hexdigest()})", err=True)
     return {"sha256": digest.hexdigest(), "filename": path.name}
 
@@ -249,24 +261,25 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
     status, payload = _call("POST", server.rstrip("/") + "/api/builds", api_token, body)
     if status >= 400:
         raise click.ClickException(f"{status}: {payload.get('error', payload)}")
-    builds = payload.get("builds", [])
-    for warning in payload.get("warnings", []):
+    created = _parse(BuildsCreated.from_json, payload)
+    builds = created.builds
+    for warning in created.warnings:
         click.echo(f"warning: {warning}", err=True)
-    ended = {b["id"] for b in builds if b.get("state") in _ENDED_WITHOUT_WHEEL}
+    ended = {b.id for b in builds if b.state in _ENDED_WITHOUT_WHEEL}
     for b in builds:
-        if b["id"] in ended:
-            what = f"{b.get('state')} earlier: {_failure(b, api_token)}"
-        elif b.get("wheel"):
-            what = "already built: " + b["wheel"]
+        if b.id in ended:
+            what = f"{b.state} earlier: {_failure(b, api_token)}"
+        elif b.wheel:
+            what = "already built: " + b.wheel
         else:
-            what = ("created" if b.get("created") else "exists") + f", {b.get('state')}"
-        click.echo(f"{b.get('id')}\tPython {b.get('python')}\t{what}\t{b.get('url')}")
-        for part in b.get("parts", []):  # a request split into one job per architecture
-            state = ("already built: " + part["wheel"]) if part.get("wheel") else \
-                ("created" if part.get("created") else "exists") + f", {part.get('state')}"
-            click.echo(f"  {part.get('id')}\tsm{part.get('arch')}\t{state}\t{part.get('url')}")
+            what = ("created" if b.created else "exists") + f", {b.state}"
+        click.echo(f"{b.id}\tPython {b.python}\t{what}\t{b.url}")
+        for part in b.parts or ():  # a request split into one job per architecture
+            state = ("already built: " + part.wheel) if part.wheel else \
+                ("created" if part.created else "exists") + f", {part.state}"
+            click.echo(f"  {part.id}\tsm{part.arch}\t{state}\t{part.url}")
     if wait:
-        _wait([b for b in builds if b["id"] not in ended], api_token, poll_seconds)
+        _wait([b for b in builds if b.id not in ended], api_token, poll_seconds)
     if ended:
         pages = "its page says" if len(ended) == 1 else "their pages say"
         raise click.ClickException(
@@ -274,39 +287,52 @@ def request_command(requirement: str, torch: str, cuda: str, pythons: tuple[str,
             "run again with --retry to build again")
 
 
-def _failure(build: dict[str, Any], api_token: str) -> str:
+def _parse(reader: Callable[[object], _Answer], payload: object) -> _Answer:
+    """The server's answer read as its type; one line (no traceback) where it isn't one."""
+    try:
+        return reader(payload)
+    except InvalidResponse as exc:
+        raise click.ClickException(f"the server's answer is not understood: {exc}") from None
+
+
+def _failure(build: SubmittedBuild, api_token: str) -> str:
     """``[kind] reason`` of a build that ended without a wheel, from the server's API."""
-    status, view = _call("GET", build["api"], api_token)
+    if build.api is None:
+        return "(its reason could not be read: the answer names no API link)"
+    status, payload = _call("GET", build.api, api_token)
     if status >= 400:
-        return f"(its reason could not be read: {status} {view.get('error', '')})".strip()
-    kind = view.get("failure_kind")
-    reason = view.get("reason") or "no reason was recorded"
+        return f"(its reason could not be read: {status} {payload.get('error', '')})".strip()
+    view = _parse(parse_view, payload)
+    kind = view.failure_kind if isinstance(view, BuildView) else None
+    reason = (view.reason if isinstance(view, BuildView) else None) or "no reason was recorded"
     return f"[{kind}] {reason}" if kind else str(reason)
 
 
-def _wait(builds: list[dict[str, Any]], api_token: str, poll_seconds: float) -> None:
-    pending = {b["id"]: b["api"] for b in builds if not b.get("wheel")}
+def _wait(builds: list[SubmittedBuild], api_token: str, poll_seconds: float) -> None:
+    pending = {b.id: b.api for b in builds if not b.wheel and b.api is not None}
     failed = False
     while pending:
         time.sleep(poll_seconds)
         for job_id, url in list(pending.items()):
-            status, view = _call("GET", url, api_token)
-            if status >= 400 or not view.get("finished"):
+            status, payload = _call("GET", url, api_token)
+            if status >= 400:
+                continue
+            view = _parse(parse_view, payload)
+            if not view.finished:
                 continue
             del pending[job_id]
-            line = f"{job_id}: {view.get('state')}"
-            if view.get("state") == "built":
-                installs = [p.get("install") for p in view["parts"]] if "parts" in view \
-                    else [view.get("install")]
+            line = f"{job_id}: {view.state}"
+            if view.state == "built":
+                installs = [p.install for p in view.parts] if isinstance(view, RequestView) \
+                    else [view.install]
                 line += "".join(f"\n  {i}" for i in installs)
-            elif "parts" in view:
+            elif isinstance(view, RequestView):
                 failed = True
-                line += "".join(f"\n  sm{p.get('arch')} {p.get('state')}: "
-                                f"[{p.get('failure_kind')}] {p.get('reason')}"
-                                for p in view["parts"] if p.get("state") != "built")
+                line += "".join(f"\n  sm{p.arch} {p.state}: [{p.failure_kind}] {p.reason}"
+                                for p in view.parts if p.state != "built")
             else:
                 failed = True
-                line += f" [{view.get('failure_kind')}] {view.get('reason')}"
+                line += f" [{view.failure_kind}] {view.reason}"
             click.echo(line)
     if failed:
         raise SystemExit(1)

@@ -11,7 +11,15 @@ import pytest
 import requests
 from redis import Redis
 
-from tests.helpers import fake_cuda_toolkit, free_port, run_console, run_worker, start_index
+from tests.helpers import (
+    QuietHandler,
+    fake_cuda_toolkit,
+    free_port,
+    run_console,
+    run_worker,
+    serve_http,
+    start_index,
+)
 from wheelhouse.config import Config
 from wheelhouse.index.tokens import create_token
 
@@ -108,3 +116,20 @@ def test_a_local_sdist_must_be_named_as_one(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert done.stderr == ("Error: vecadd.tar.gz is not an sdist file name "
                            "(name-version.tar.gz)\n")
+
+
+class _AnswerWithoutIds(QuietHandler):
+    """A server whose build submission answers lack each build's id."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_body(b'{"builds": [{"python": "3.11", "state": "queued"}]}',
+                       "application/json", 201)
+
+
+def test_an_answer_the_cli_cannot_read_is_one_line() -> None:
+    with serve_http(_AnswerWithoutIds) as url:
+        done = run_console(*REQUEST, "--server", url, env={"WHEELHOUSE_TOKEN": "whk_x"})
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr == ("Error: the server's answer is not understood: "
+                           "a submitted build: the answer has no 'id'\n")
