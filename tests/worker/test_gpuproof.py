@@ -63,3 +63,20 @@ def test_prove_on_this_host(cudaext_sm80_wheel: Path, session_torch_python: Path
         assert result["proven"] is True and result["gpu"] and result["capability"]
         if result["capability"] != "80":
             assert result["passed"] is False and "not this GPU's" in result["reason"]
+
+
+def test_record_names_a_wheel_not_published_here_before_anything_runs(tmp_path: Path) -> None:
+    """``prove --record`` of a wheel this index does not hold: one line, exit 2, no install."""
+    from click.testing import CliRunner
+
+    from tests.helpers import make_wheel
+    from wheelhouse.config import Config
+    from worker.cli import prove_command
+
+    wheel = make_wheel(tmp_path / "w", "demo", "1.0+cu128torch2.8")
+    done = CliRunner().invoke(prove_command, [str(wheel), "--python", sys.executable, "--record",
+                                              "--storage", str(tmp_path / "data")],
+                              obj=Config(storage=str(tmp_path / "data")))
+    assert done.exit_code == 2, done.output
+    assert "is not published in this index" in done.output
+    assert not (tmp_path / "data" / "proofs").exists()
