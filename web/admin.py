@@ -16,6 +16,7 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from web import auth
 from web.services import services
+from wheelhouse.config import Unproven
 from wheelhouse.index.catalog import Record
 from wheelhouse.index.manage import Action, Target, delete, unyank, yank
 from wheelhouse.index.tokens import TokenInfo
@@ -65,15 +66,19 @@ def api_change() -> Response:
 
 @bp.get("/projects/<name>")
 def project_page(name: str) -> BaseResponse | str:
-    """Every published file of a project, in every root; admins get yank buttons."""
+    """Every published file of a project, in every root, with its GPU proof (or that it has
+    none); admins get yank buttons."""
     project = canonicalize_name(name)
     if project != name:
         return redirect(url_for("admin.project_page", name=project), 301)
-    records = [r for v in services().catalog.variants_of(project) if not v.archs
-               for r in services().catalog.files(v, project)]
+    catalog = services().catalog
+    records = [r for v in catalog.variants_of(project) if not v.archs
+               for r in catalog.files(v, project)]
+    proofs = {r.key: catalog.proof(r) for r in records}  # from the catalog's view: no read
     info = auth.shown_token()
     admin = info is not None and info.allows("admin")
-    return render_template("project.html", project=project, records=records, admin=admin)
+    return render_template("project.html", project=project, records=records, proofs=proofs,
+                           held=services().config.unproven is Unproven.HOLD, admin=admin)
 
 
 @bp.post("/projects/<name>/yank")

@@ -28,6 +28,7 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import onmiss
 from web.caches import Page, PageKey, etag_matches, origin
 from web.services import services
+from wheelhouse.config import Unproven
 from wheelhouse.errors import InvalidProjectName
 from wheelhouse.index import mirror, variantwheels
 from wheelhouse.index.catalog import Listing, Record
@@ -188,7 +189,7 @@ def project(variant_key: str, name: str) -> BaseResponse:
         listing = svc.catalog.listing(variant, normalized)
         files = listing.files
     if files:
-        page = _make_page(_render_project(normalized, files, fmt), fmt)
+        page = _make_page(_render_project(normalized, _shown(files), fmt), fmt)
     else:
         elsewhere = listing.elsewhere
         if _owned(normalized, listing):
@@ -201,6 +202,18 @@ def project(variant_key: str, name: str) -> BaseResponse:
             return _mirrored(root, normalized, fmt)
         page = _make_page(b"", fmt, status=302, location=_not_hosted(variant, normalized))
     return _respond(_store(generation, key, page))
+
+
+def _shown(files: list[Record]) -> list[Record]:
+    """What a page lists of a project's published files: with ``WHEELHOUSE_UNPROVEN_WHEELS=hold``
+    only those a recorded GPU proof passed on (issue 27). A project whose files are all held
+    still answers its page, empty: it is hosted here, so it is never sent upstream for that."""
+    svc = services()
+    if svc.config.unproven is not Unproven.HOLD:
+        return files
+    proofs = (svc.catalog.proof(r) for r in files)
+    return [r for r, proof in zip(files, proofs, strict=True)
+            if proof is not None and proof.passed]
 
 
 def _caught_up(generation: str) -> bool:
@@ -386,6 +399,7 @@ def variant_project(name: str) -> BaseResponse:
     if svc.config.build_on_miss:
         _variant_build_on_miss(normalized)
     if files:
+        files = _shown(files)
         documents = [VariantsFile(filename, url_for("simple.variants_file", project=normalized,
                                                     filename=filename),
                                   hashlib.sha256(body).hexdigest())
@@ -414,7 +428,7 @@ def variants_file(project: str, filename: str) -> BaseResponse:
     generation, key, page = _lookup("variants", PLAIN, f"{project}/{filename}", "json")
     if page is None:
         normalized = _project(project)
-        body = _documents(services().catalog.variant_files(normalized)).get(filename)
+        body = _documents(_shown(services().catalog.variant_files(normalized))).get(filename)
         if normalized != project or body is None:
             raise NotFound(f"{filename} is not published here")
         data = _make_page(body, "json")

@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, get_args, get_type_hints
 
@@ -67,6 +68,22 @@ class ReadAuth:
         if kind == "basic" and sep and user and password:
             return cls("basic", user, password)
         raise ValueError("must be 'basic:USER:PASSWORD', 'token' or empty")
+
+
+class Unproven(StrEnum):
+    """The parsed ``Config.unproven_wheels`` setting (issue 27)."""
+
+    LIST = "list"
+    """Listed; the project page says "not proven on a GPU" (or that its proof failed)."""
+    HOLD = "hold"
+    """Left out of the index pages until a proof passed on it (a failed proof holds it too)."""
+
+    @classmethod
+    def parse(cls, text: str) -> Unproven:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise ValueError(f"must be 'list' or 'hold', got {text!r}") from None
 
 
 @dataclass(frozen=True)
@@ -244,6 +261,9 @@ class Config:
     build_on_miss: bool = False
     """Enqueue a build when an installer's Python has no wheel on a recipe project's page."""
 
+    unproven_wheels: str = "list"
+    """Wheels with no passing GPU proof: ``list`` them (marked on the project page) or ``hold``."""
+
     rate_limit: str = "30/60"
     """Build API requests allowed per token, as ``COUNT/SECONDS``."""
 
@@ -361,6 +381,11 @@ class Config:
                 raise ValueError(f"{ENV_PREFIX}{setting.upper()}: {exc}") from None
 
     @functools.cached_property
+    def unproven(self) -> Unproven:
+        """``unproven_wheels``: whether index pages list wheels no GPU proof passed on."""
+        return Unproven.parse(self.unproven_wheels)
+
+    @functools.cached_property
     def read_auth(self) -> ReadAuth:
         """``auth``: who may read the index."""
         return ReadAuth.parse(self.auth)
@@ -399,7 +424,8 @@ class Config:
 
 
 #: Config's typed views, and the setting each reads.
-_VIEWS = {"read_auth": "auth", "build_rate": "rate_limit", "login_rate": "login_rate_limit",
+_VIEWS = {"unproven": "unproven_wheels", "read_auth": "auth", "build_rate": "rate_limit",
+          "login_rate": "login_rate_limit",
           "upstream_routes": "upstream_rules", "cache_patterns": "cache_projects",
           "extra_recipe_dirs": "recipe_dirs",
           "allowed_project_names": "allowed_projects"}

@@ -73,6 +73,16 @@ class OutOfReach(WheelhouseError, PermissionError):
     """A yank, unyank or delete names a file in a root the caller's token does not reach."""
 
 
+class ProofDidNotRun(WheelhouseError, ValueError):
+    """A GPU proof result where no GPU ran (``proven`` False): nothing is recorded, since nothing
+    may claim a proof that did not run."""
+
+
+class ProofMismatch(WheelhouseError, ValueError):
+    """A GPU proof of other bytes than the published wheel of that name (its sha256 or file
+    name differs from the record's): not recorded."""
+
+
 class InvalidBuildSpec(WheelhouseError, ValueError):
     """A build request that names unknown or malformed values."""
 

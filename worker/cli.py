@@ -27,10 +27,13 @@ from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.cli.main import pass_config, storage_option
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, InvalidBuildSpec, InvalidVariant, WheelhouseError
-from wheelhouse.index.storage import open_storage
+from wheelhouse.index.catalog import Catalog, Record
+from wheelhouse.index.manage import operator
+from wheelhouse.index.proofs import GpuProof, now, record_proof
+from wheelhouse.index.storage import Storage, open_storage
 from wheelhouse.recipes.book import check_allowed, load_recipe, recipe_dirs
 from wheelhouse.redisconn import connect
-from wheelhouse.wheels import parse_name
+from wheelhouse.wheels import parse_name, sha256_file
 from worker import build, gpuproof
 from worker.capabilities import DEFAULT_ROOTS, discover
 from worker.console import ConsoleReporter, cancel_on_interrupt
@@ -223,15 +226,23 @@ def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
               help="The interpreter of a venv holding the wheel's torch; the wheel is "
                    "installed into it first (uv pip install --no-deps --reinstall).")
 @click.option("--json", "as_json", is_flag=True, help="The result as one JSON object.")
+@click.option("--record", is_flag=True,
+              help="Keep the result (passed or failed) in the index, beside the published "
+                   "wheel of that file name; a run where no GPU ran records nothing.")
 @pass_config
-def prove_command(config: Config, wheel: Path, python: Path, as_json: bool) -> None:
+@storage_option
+def prove_command(config: Config, wheel: Path, python: Path, as_json: bool,
+                  record: bool) -> None:
     """Prove WHEEL on this host's GPU: its libraries load, the GPU's architecture is among its
-    SASS, and its recipe's proof passes. Exit 0 proven, 1 failed, 3 nothing proven (no GPU)."""
+    SASS, and its recipe's proof passes. Exit 0 proven, 1 failed, 3 nothing proven (no GPU),
+    2 with --record for a wheel not published here (checked before the proof runs)."""
     try:
         project = parse_name(wheel.name).project
         recipe = load_recipe(project, recipe_dirs(config))
     except (WheelhouseError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    storage = open_storage(config) if record else None
+    published = _published(storage, wheel) if storage is not None else []
     installed = subprocess.run([uv_binary(), "pip", "install", "-q", "--python", str(python),
                                 "--no-deps", "--reinstall", str(wheel)], capture_output=True,
                                text=True, check=False)
@@ -241,4 +252,47 @@ def prove_command(config: Config, wheel: Path, python: Path, as_json: bool) -> N
     result = gpuproof.prove(python, wheel, recipe)
     click.echo(json.dumps(dataclasses.asdict(result)) if as_json else
                f"{wheel.name}: {result.line()}")
+    if storage is not None:
+        _record(storage, published, result)
     sys.exit(0 if result.passed else (1 if result.proven else 3))
+
+
+def _published(storage: Storage, wheel: Path) -> list[Record]:
+    """The published records of ``wheel``'s file name and bytes; else one line and exit 2."""
+    catalog = Catalog(storage, refresh_seconds=0)
+    catalog.refresh()
+    records = [r for r in catalog.all_records() if r.filename == wheel.name]
+    if not records:
+        click.echo(f"{wheel.name} is not published in this index: nothing to record a proof "
+                   "for (publish it first, or leave out --record)", err=True)
+        sys.exit(2)
+    sha256 = sha256_file(wheel)
+    if not any(r.sha256 == sha256 for r in records):
+        click.echo(f"{wheel.name} here has sha256 {sha256}, but the published file has "
+                   f"{records[0].sha256}: prove the published bytes", err=True)
+        sys.exit(2)
+    return [r for r in records if r.sha256 == sha256]
+
+
+def _record(storage: Storage, records: list[Record], result: gpuproof.Proof) -> None:
+    """Keep a proof that ran beside each record; say so either way (stderr: --json's stdout
+    stays one object)."""
+    if not result.proven:
+        click.echo("nothing recorded: no GPU ran the proof", err=True)
+        return
+    for r in records:
+        try:
+            _record_one(storage, r, result)
+        except WheelhouseError as exc:  # deleted or replaced since the look-up
+            click.echo(f"not recorded: {exc}", err=True)
+            sys.exit(2)
+        click.echo(f"recorded the proof ({'passed' if result.passed else 'failed'}) of "
+                   f"{r.filename} in {r.variant.key}", err=True)
+
+
+def _record_one(storage: Storage, r: Record, result: gpuproof.Proof) -> None:
+    record_proof(storage, r, GpuProof(
+        filename=r.filename, sha256=r.sha256, proven=result.proven, passed=result.passed,
+        reason=result.reason, gpu=result.gpu, capability=result.capability,
+        driver=result.driver, cuda=result.cuda, torch=result.torch, proof=result.proof,
+        seconds=result.seconds, proven_at=now(), host=operator()))

@@ -63,3 +63,48 @@ def test_prove_on_this_host(cudaext_sm80_wheel: Path, session_torch_python: Path
         assert result["proven"] is True and result["gpu"] and result["capability"]
         if result["capability"] != "80":
             assert result["passed"] is False and "not this GPU's" in result["reason"]
+
+
+def test_record_names_a_wheel_not_published_here_before_anything_runs(tmp_path: Path) -> None:
+    """``prove --record`` of a wheel this index does not hold: one line, exit 2, no install."""
+    from click.testing import CliRunner
+
+    from tests.helpers import make_wheel
+    from wheelhouse.config import Config
+    from worker.cli import prove_command
+
+    wheel = make_wheel(tmp_path / "w", "demo", "1.0+cu128torch2.8")
+    done = CliRunner().invoke(prove_command, [str(wheel), "--python", sys.executable, "--record",
+                                              "--storage", str(tmp_path / "data")],
+                              obj=Config(storage=str(tmp_path / "data")))
+    assert done.exit_code == 2, done.output
+    assert "is not published in this index" in done.output
+    assert not (tmp_path / "data" / "proofs").exists()
+
+
+@pytest.mark.nvcc
+def test_record_on_a_host_without_a_gpu_records_nothing(
+        cudaext_sm80_wheel: Path, session_torch_python: Path, tmp_path: Path) -> None:
+    """The published fixture wheel proved with ``--record`` here: no GPU, exit 3, no proof."""
+    from click.testing import CliRunner
+
+    from wheelhouse.config import Config
+    from wheelhouse.index.publish import publish
+    from wheelhouse.index.storage import LocalStorage
+    from wheelhouse.variants import parse_variant
+    from worker.cli import prove_command
+
+    storage = LocalStorage(tmp_path / "data")
+    record = publish(storage, cudaext_sm80_wheel, parse_variant("torch2.14-cu130"),
+                     relabel_wheel=True, variant_form=False)
+    wheel = tmp_path / record.filename
+    wheel.write_bytes(storage.get_bytes(record.wheel_key))
+    done = CliRunner().invoke(prove_command, [str(wheel), "--python", str(session_torch_python),
+                                              "--record"],
+                              obj=Config(storage=str(tmp_path / "data")))
+    if done.exit_code in (0, 1):  # a GPU host: the proof ran, so it is kept
+        assert storage.exists(record.proof_key), done.output
+        return
+    assert done.exit_code == 3, done.output
+    assert "nothing recorded: no GPU ran the proof" in done.output
+    assert not storage.exists(record.proof_key)

@@ -3,7 +3,8 @@
 Storage layout: :mod:`wheelhouse.index.layout`. A record (``records/...json``, written last) *is*
 the
 publication: only files with a record are listed, and not while a ``quarantine/`` marker hides
-it; a ``yanks/`` marker lists it as yanked; ``generation`` changes on every publication.
+it; a ``yanks/`` marker lists it as yanked; a ``proofs/`` marker holds its GPU proof
+(:mod:`wheelhouse.index.proofs`); ``generation`` changes on every publication.
 
 Each server process keeps the catalog in memory and re-reads ``generation`` at most every
 ``catalog_refresh_seconds``; when it changed, only records it hasn't seen yet are fetched.
@@ -36,14 +37,17 @@ from wheelhouse.errors import StorageError, StorageUnavailable
 from wheelhouse.index.layout import (
     GENERATION_KEY,
     PRIVATE,
+    PROOFS,
     QUARANTINE,
     RECORDS,
     UPSTREAM,
     YANKS,
+    proved_record_key,
     quarantined_record_key,
     yanked_record_key,
 )
 from wheelhouse.index.layout import Record as Record  # re-exported: Record lived here
+from wheelhouse.index.proofs import GpuProof, of_record
 from wheelhouse.index.storage import Storage
 from wheelhouse.variants import Variant
 from wheelhouse.wheels import parse_name
@@ -136,6 +140,11 @@ class _View:
     """Projects whose upstream listed them when they were published (``ownership``)."""
     private: frozenset[str] = frozenset()
     """Projects kept this index's own (``ownership``): never sent upstream, published or not."""
+    proofs: Mapping[str, GpuProof] = field(default_factory=dict)
+    """Record key -> its recorded GPU proof, as stored (checked against the record on use)."""
+    proof_stamps: Mapping[str, tuple[float, int, str]] = field(default_factory=dict)
+    """Each proof marker's time, size and ETag, as listed: a proof is replaced when the wheel is
+    proved again (unlike a record), so any change of the three reads it again."""
 
     @property
     def listed(self) -> int:
@@ -147,7 +156,9 @@ class _View:
               yanked: Mapping[str, bool | str] | None = None,
               stamps: Mapping[str, float] | None = None,
               on_upstream: frozenset[str] = frozenset(),
-              private: frozenset[str] = frozenset()) -> _View:
+              private: frozenset[str] = frozenset(),
+              proofs: Mapping[str, GpuProof] | None = None,
+              proof_stamps: Mapping[str, tuple[float, int, str]] | None = None) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         by_label: dict[NormalizedName, list[Record]] = {}
         for key, rec in records.items():
@@ -181,6 +192,8 @@ class _View:
             stamps=stamps or {},
             on_upstream=on_upstream,
             private=private,
+            proofs=proofs or {},
+            proof_stamps=proof_stamps or {},
         )
 
 
@@ -349,8 +362,33 @@ class Catalog:
         on_upstream = frozenset(o.key.removeprefix(UPSTREAM)
                                 for o in self.storage.list(UPSTREAM))
         private = frozenset(o.key.removeprefix(PRIVATE) for o in self.storage.list(PRIVATE))
+        proofs, proof_stamps = self._proofs(keys, previous)
         return _View.build(generation, records, frozenset(unreadable), quarantined,
-                           self._yanks(keys), stamps, on_upstream, private)
+                           self._yanks(keys), stamps, on_upstream, private, proofs,
+                           proof_stamps)
+
+    def _proofs(self, keys: set[str], previous: _View | None
+                ) -> tuple[dict[str, GpuProof], dict[str, tuple[float, int, str]]]:
+        """Record key -> GPU proof, and each marker's stamp. One listing per new generation;
+        only markers new or stored anew since the last view are read."""
+        stamps = {o.key: (o.mtime, o.size, o.etag) for o in self.storage.list(PROOFS)
+                  if proved_record_key(o.key) in keys}
+        seen = previous.proof_stamps if previous is not None else {}
+        known = previous.proofs if previous is not None else {}
+        out: dict[str, GpuProof] = {}
+        for marker, stamp in stamps.items():
+            rkey = proved_record_key(marker)
+            if seen.get(marker) == stamp and rkey in known:
+                out[rkey] = known[rkey]
+                continue
+            self._progress = time.monotonic()
+            try:
+                out[rkey] = GpuProof.from_json(self.storage.get_bytes(marker))
+            except FileNotFoundError:
+                continue  # deleted since the listing
+            except (ValueError, TypeError) as exc:
+                log.warning("skipping unreadable GPU proof %s: %s", marker, exc)
+        return out, stamps
 
     def _yanks(self, keys: set[str]) -> dict[str, bool | str]:
         """Record key -> reason of every yank marker (few, small, and changed by yanking: read
@@ -419,6 +457,18 @@ class Catalog:
         """Whether this process has seen ``project`` published here, in any variant."""
         self._current()
         return project in self._ever
+
+    def proof(self, record: Record) -> GpuProof | None:
+        """The GPU proof recorded for ``record``'s bytes, or None. A variant form (``/simple/``)
+        holds the same libraries as the wheel it was made from, relabelled: that wheel's proof
+        is its proof."""
+        view = self._current()
+        found = of_record(view.proofs.get(record.key), record)
+        if found is None and record.variant_of is not None:
+            source = view.by_file.get((record.variant.base.key, record.variant_of))
+            if source is not None:
+                found = of_record(view.proofs.get(source.key), source)
+        return found
 
     def find(self, base: Variant, project: NormalizedName, filename: str) -> Record | None:
         r = self._current().by_file.get((base.key, filename))

@@ -19,6 +19,7 @@ from wheelhouse.index.catalog import Catalog
 from wheelhouse.index.layout import (
     CLAIMS,
     LOGS,
+    PROOFS,
     QUARANTINE,
     RECORDS,
     SOURCES,
@@ -86,11 +87,16 @@ def plan(
             out.append(Deletion(obj.key, obj.size, "uploaded sdist, built from or expired"))
     out.extend(_orphan_claims(storage, {r.key for r in records}, claim_timeout, now))
     if keep_versions is not None:
-        # Logs, quarantine and yank markers exist for some wheels only: list what is there.
-        sometimes = {o.key: o.size for prefix in (LOGS, QUARANTINE, YANKS)
+        # Logs, quarantine and yank markers and GPU proofs exist for some wheels only: list
+        # what is there.
+        sometimes = {o.key: o.size for prefix in _SOMETIMES
                      for o in storage.list(prefix)}
         out.extend(_prune(records, keep_versions, sometimes))
     return out
+
+
+#: Where the keys live that only some publications have.
+_SOMETIMES = (LOGS, QUARANTINE, YANKS, PROOFS)
 
 
 def _orphan_claims(storage: Storage, recorded: set[str], timeout: float,
@@ -135,7 +141,7 @@ def _prune(records: list[Record], keep: int, sometimes: dict[str, int]) -> list[
             if Version(r.version).public not in doomed:
                 continue
             for key, what in r.keys().items():
-                if key.startswith((LOGS, QUARANTINE, YANKS)) and key not in sometimes:
+                if key.startswith(_SOMETIMES) and key not in sometimes:
                     continue
                 if key == r.provenance_key and r.provenance_sha256 is None:
                     continue  # published before provenance, or without a signer

@@ -11,6 +11,8 @@
   found the stored files damaged: the record is not listed until republished
 - ``yanks/<base variant>/<project>/<file>.json``       PEP 592: the record is listed as yanked,
   with the marker's reason (``wheelhouse yank``; module ``manage``)
+- ``proofs/<base variant>/<project>/<file>.json``      the last GPU proof that ran on the wheel
+  (``wheelhouse prove --record``; module ``proofs``), with its sha256
 - ``upstream/<project>``                              its upstream listed it when it was
   published (module ``ownership``): roots without it may send installers there
 - ``owners/<project>``                                who may publish new files of it (module
@@ -53,6 +55,7 @@ RECORDS = "records/"
 CLAIMS = "claims/"
 QUARANTINE = "quarantine/"
 YANKS = "yanks/"
+PROOFS = "proofs/"
 UPSTREAM = "upstream/"
 OWNERS = "owners/"
 PRIVATE = "private/"
@@ -130,6 +133,16 @@ def quarantine_key(rkey: str) -> str:
 def yank_key(rkey: str) -> str:
     """The marker that lists the record stored under ``rkey`` as yanked."""
     return YANKS + rkey.removeprefix(RECORDS)
+
+
+def proof_key(rkey: str) -> str:
+    """Where the GPU proof of the wheel whose record is stored under ``rkey`` is kept."""
+    return PROOFS + rkey.removeprefix(RECORDS)
+
+
+def proved_record_key(marker: str) -> str:
+    """The record a proof belongs to (:func:`proof_key` read backwards)."""
+    return RECORDS + marker.removeprefix(PROOFS)
 
 
 def yanked_record_key(marker: str) -> str:
@@ -253,12 +266,16 @@ class Record:
     def yank_key(self) -> str:
         return yank_key(self.key)
 
+    @property
+    def proof_key(self) -> str:
+        return proof_key(self.key)
+
     def keys(self) -> dict[str, str]:
         """Every key this wheel's publication owns, with what it holds; the record first
         (removing it first unlists the wheel before its files go). Only some wheels have a
-        quarantine marker, a yank marker or a build log."""
+        quarantine marker, a yank marker, a GPU proof or a build log."""
         return {self.key: "record", self.quarantine_key: "quarantine marker",
-                self.yank_key: "yank marker",
+                self.yank_key: "yank marker", self.proof_key: "GPU proof",
                 self.metadata_key: "metadata", self.provenance_key: "provenance",
                 self.wheel_key: "wheel",
                 self.log_key: "build log", self.claim_key: "claim"}

@@ -51,6 +51,9 @@ class ObjectInfo:
     key: str
     size: int
     mtime: float
+    etag: str = ""
+    """S3's ETag where the listing gives one (it changes with the bytes, also within the second
+    that ``mtime`` resolves); empty for local files, whose ``mtime`` is precise."""
 
 
 @dataclass(frozen=True)
@@ -527,7 +530,7 @@ class S3Storage(Storage):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
                 for obj in page.get("Contents", []):
                     yield ObjectInfo(obj["Key"][len(self.prefix):], obj["Size"],
-                                     obj["LastModified"].timestamp())
+                                     obj["LastModified"].timestamp(), obj.get("ETag", ""))
 
     def list_partials(self) -> Iterator[ObjectInfo]:
         """Unfinished multipart uploads, each as ``<key>?uploadId=<id>``."""

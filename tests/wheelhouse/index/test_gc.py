@@ -14,6 +14,7 @@ from wheelhouse.index import gc, verify
 from wheelhouse.index.catalog import Catalog
 from wheelhouse.index.layout import claim_key, wheel_key
 from wheelhouse.index.manage import Target, yank
+from wheelhouse.index.proofs import GpuProof, record_proof
 from wheelhouse.index.publish import Claim, Signer, publish
 from wheelhouse.index.storage import S3Storage, Storage
 from wheelhouse.provenance import attest, ca, predicates
@@ -84,13 +85,15 @@ def test_prune_keeps_newest(storage: Storage, tmp_path: Path) -> None:
 def test_prune_takes_the_logs_and_quarantine_markers_too(storage: Storage,
                                                          tmp_path: Path) -> None:
     """Every key a pruned wheel owns goes, not only its record, files and claim (its log,
-    quarantine marker, yank marker and provenance too)."""
+    quarantine marker, yank marker, GPU proof and provenance too)."""
     for v in ("1.0", "2.0", "3.0"):
         _publish(storage, tmp_path, v, signed=True)
     old, kept = (next(r for r in Catalog(storage, 0).all_records() if r.version.startswith(v))
                  for v in ("1.0", "3.0"))
     for r in (old, kept):
         storage.put_bytes(r.log_key, b"the build's log\n")
+        record_proof(storage, r, GpuProof(filename=r.filename, sha256=r.sha256, proven=True,
+                                          passed=True, gpu="NVIDIA H100", capability="90"))
     storage.put_bytes(old.wheel_key, storage.get_bytes(old.wheel_key)[:-10])
     assert verify.quarantine(storage, verify.verify(storage)) == (1, 0)
     assert storage.exists(old.quarantine_key)
@@ -105,7 +108,7 @@ def test_prune_takes_the_logs_and_quarantine_markers_too(storage: Storage,
     assert [k for k in left if old.filename in k] == []
     assert before - left == set(old.keys())
     assert old.provenance_key in before
-    assert storage.exists(kept.log_key)
+    assert storage.exists(kept.log_key) and storage.exists(kept.proof_key)
 
 
 def test_cli_dry_runs_first(tmp_path: Path) -> None:
