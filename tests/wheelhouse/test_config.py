@@ -75,7 +75,8 @@ def test_environment_values_are_typed(var: str, raw: str, field: str, value: obj
 
 #: Settings that are parsed (Config's typed views) need a sample that parses.
 VALID = {"auth": ("token", "token"), "rate_limit": ("5/10", "5/10"),
-         "login_rate_limit": ("5/10", "5/10"), "upstream_rules": ("a,b-*=https://x/", "a,b-*=https://x/")}
+         "login_rate_limit": ("5/10", "5/10"), "upstream_rules": ("a,b-*=https://x/", "a,b-*=https://x/"),
+         "unproven_wheels": ("hold", "hold")}
 
 
 @pytest.mark.parametrize("field", [f.name for f in FIELDS])
