@@ -291,8 +291,6 @@ def _record(storage: Storage, records: list[Record], result: gpuproof.Proof) -> 
 
 
 def _record_one(storage: Storage, r: Record, result: gpuproof.Proof) -> None:
-    record_proof(storage, r, GpuProof(
-        filename=r.filename, sha256=r.sha256, proven=result.proven, passed=result.passed,
-        reason=result.reason, gpu=result.gpu, capability=result.capability,
-        driver=result.driver, cuda=result.cuda, torch=result.torch, proof=result.proof,
-        seconds=result.seconds, proven_at=now(), host=operator()))
+    # What the run found, field by field, plus which bytes it ran on, when, and by whom.
+    record_proof(storage, r, GpuProof(filename=r.filename, sha256=r.sha256, proven_at=now(),
+                                      host=operator(), **dataclasses.asdict(result)))

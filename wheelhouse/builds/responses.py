@@ -9,6 +9,7 @@ optional keys that are missing take their defaults, and a missing or mistyped re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from wheelhouse.errors import InvalidResponse
@@ -28,6 +29,16 @@ def _require(data: dict[str, Any], what: str, **types: type | tuple[type, ...]) 
         if not isinstance(data[name], kind):
             raise InvalidResponse(f"{what}: {name!r} is {type(data[name]).__name__}, "
                                   "not of the expected type")
+
+
+def _fields_json(value: Any, *, omit_none: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A flat dataclass as JSON, field by field; the fields named in ``omit_none`` left out
+    where they are None (links the API adds and the page lacks)."""
+    out = {f.name: getattr(value, f.name) for f in dataclass_fields(value)}
+    for name in omit_none:
+        if out[name] is None:
+            del out[name]
+    return out
 
 
 def _list(data: dict[str, Any], name: str, what: str) -> list[Any]:
@@ -145,10 +156,7 @@ class BuildView:
     urls: dict[str, str] | None = None  # the API's links; the page has no use for them
 
     def to_json(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in _BUILD_VIEW_FIELDS}
-        if self.urls is None:
-            del out["urls"]
-        return out
+        return _fields_json(self, omit_none=("urls",))
 
     @classmethod
     def from_json(cls, data: object) -> BuildView:
@@ -156,9 +164,6 @@ class BuildView:
         d = _object(data, what)
         _require(d, what, id=str, state=str, finished=bool)
         return cls(**known_fields(cls, d))
-
-
-_BUILD_VIEW_FIELDS = tuple(BuildView.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -183,11 +188,7 @@ class RequestPart:
     api: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {name: getattr(self, name) for name in _REQUEST_PART_FIELDS}
-        for link in ("url", "api"):
-            if out[link] is None:
-                del out[link]
-        return out
+        return _fields_json(self, omit_none=("url", "api"))
 
     @classmethod
     def from_json(cls, data: object) -> RequestPart:
@@ -195,9 +196,6 @@ class RequestPart:
         d = _object(data, what)
         _require(d, what, arch=str, id=str, state=str)
         return cls(**known_fields(cls, d))
-
-
-_REQUEST_PART_FIELDS = tuple(RequestPart.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
