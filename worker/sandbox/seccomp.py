@@ -17,10 +17,12 @@ Written as classic BPF by hand (a dozen instructions), so the worker needs no li
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import platform
 import struct
+import tempfile
 from pathlib import Path
 
 CLONE_NEWUSER = 0x10000000
@@ -93,11 +95,18 @@ def write_filter(directory: Path) -> Path:
             return target
     except OSError:
         pass
-    tmp = directory / f".{target.name}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    # A name of its own per writer: two builds in one process (threads share the pid) must
+    # not rename each other's file away.
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
     try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return target

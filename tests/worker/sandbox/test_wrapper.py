@@ -16,6 +16,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import zipfile
@@ -678,3 +679,33 @@ def test_the_startup_check_runs_as_a_uid_it_holds(tmp_path: Path) -> None:
     again, second = sandbox.claim()
     assert second is not None and again.uid == 65490
     os.close(second)
+
+
+def test_builds_in_one_process_write_the_seccomp_filter_without_renaming_each_others(
+    tmp_path: Path,
+) -> None:
+    """Two builds of one worker process (threads share the pid) write the filter at once: each
+    writes a file of its own and renames it over, so none finds its file renamed away."""
+    from worker.sandbox import seccomp
+
+    target = seccomp.write_filter(tmp_path)
+    errors: list[BaseException] = []
+
+    def write(barrier: threading.Barrier) -> None:
+        barrier.wait()
+        try:
+            assert seccomp.write_filter(tmp_path) == target
+        except BaseException as exc:  # the test reports it
+            errors.append(exc)
+
+    for _ in range(30):
+        target.write_bytes(b"stale")  # every writer finds it out of date and rewrites it
+        barrier = threading.Barrier(8)
+        threads = [threading.Thread(target=write, args=(barrier,)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert target.read_bytes() == seccomp.program()
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no writer's file left over
