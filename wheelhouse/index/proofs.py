@@ -8,23 +8,37 @@ it reads yank markers. A later proof of the same wheel replaces the earlier one.
 that ran is recorded: a result where no GPU was visible is refused (:class:`ProofDidNotRun`),
 and so is one of other bytes than the published wheel's (:class:`ProofMismatch`). Deleting or
 pruning the wheel removes its proof (:meth:`Record.keys` names it).
+
+A proof says how it was made in a PEP 740 attestation of its own, signed under the fleet CA
+(:func:`sign_proof`; ``wheelhouse prove --record`` signs every proof it records): an in-toto
+Statement about the wheel's name and sha256 whose predicate
+(:data:`~wheelhouse.provenance.predicates.GPU_PROOF_TYPE`) is the proof's own fields. The record's
+``.provenance`` document is immutable, so the attestation lives in the proof, which the index
+serves as ``<file>.proof`` (:data:`SUFFIX`); :func:`verify_proof` is the reader's check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from wheelhouse.errors import NothingPublished, ProofDidNotRun, ProofMismatch
+from cryptography import x509
+
+from wheelhouse.errors import NothingPublished, ProofDidNotRun, ProofMismatch, ProvenanceInvalid
 from wheelhouse.index.layout import Record
 from wheelhouse.index.publish import bump_generation
 from wheelhouse.index.storage import Storage
+from wheelhouse.provenance import attest, predicates
+from wheelhouse.provenance.ca import Identity
 from wheelhouse.shapes import known_fields
 
 #: The shape's version, written into each proof; readers ignore fields they don't know.
 VERSION = 1
+#: The suffix of a wheel's GPU proof where the index serves it, beside the wheel.
+SUFFIX = ".proof"
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,8 @@ class GpuProof:
     host: str = ""
     """Who proved it: the host (and user) that ran ``wheelhouse prove``."""
     version: int = VERSION
+    attestation: dict[str, Any] | None = None
+    """The PEP 740 attestation of the fields above (:func:`sign_proof`), or None: unsigned."""
 
     def describe(self) -> str:
         """One line for a page: what ran where."""
@@ -73,6 +89,8 @@ class GpuProof:
                 raise ValueError(f"a GPU proof names its wheel's {name}")
         if not isinstance(data.get("proven"), bool) or not isinstance(data.get("passed"), bool):
             raise ValueError("a GPU proof says whether it ran and passed")
+        if not isinstance(data.get("attestation"), dict | None):
+            raise ValueError("a GPU proof's attestation is a JSON object")
         return cls(**known_fields(cls, data))
 
 
@@ -120,3 +138,42 @@ def of_record(proof: GpuProof | None, record: Record) -> GpuProof | None:
     if proof is None or proof.filename != record.filename or proof.sha256 != record.sha256:
         return None
     return proof
+
+
+def _predicate(proof: GpuProof) -> dict[str, Any]:
+    return predicates.gpu_proof(
+        gpu=proof.gpu, capability=proof.capability, driver=proof.driver, cuda=proof.cuda,
+        torch=proof.torch, proof=proof.proof, proven=proof.proven, passed=proof.passed,
+        reason=proof.reason, seconds=proof.seconds, proven_at=proof.proven_at, host=proof.host)
+
+
+def sign_proof(proof: GpuProof, identity: Identity) -> GpuProof:
+    """``proof`` with its attestation by ``identity``: a Statement about the wheel's name and
+    sha256 whose predicate is the proof's fields. ``proven_at`` (now, where it is empty) is
+    when the statement says it was signed, so ``identity``'s certificate must be valid then."""
+    unsigned = dataclasses.replace(proof, proven_at=proof.proven_at or now(), attestation=None)
+    signed = attest.sign(identity, proof.filename, proof.sha256, predicates.GPU_PROOF_TYPE,
+                         _predicate(unsigned))
+    return dataclasses.replace(unsigned, attestation=signed.to_dict())
+
+
+def verify_proof(proof: GpuProof, ca: x509.Certificate) -> attest.Verified:
+    """Check ``proof``'s attestation against the CA (certificate, signature, subject) and
+    against the proof's own fields: a field changed after signing fails. Raises
+    :class:`ProvenanceInvalid` with the reason in one line."""
+    if proof.attestation is None:
+        raise ProvenanceInvalid(f"the GPU proof of {proof.filename} is not signed (recorded "
+                                "before proofs were attested)")
+    verified = attest.verify(attest.Attestation.from_dict(proof.attestation), ca,
+                             proof.filename, proof.sha256)
+    if verified.predicate_type != predicates.GPU_PROOF_TYPE:
+        raise ProvenanceInvalid(f"the GPU proof of {proof.filename} is attested by a "
+                                f"{verified.predicate_type!r} statement, not a GPU proof")
+    # Only the fields this reader knows: a newer signer's extra ones are not a difference.
+    changed = [f"{name} is {mine!r} in the proof, {verified.predicate.get(name)!r} as signed"
+               for name, mine in _predicate(proof).items()
+               if verified.predicate.get(name) != mine]
+    if changed:
+        raise ProvenanceInvalid(f"the GPU proof of {proof.filename} was changed after "
+                                f"{verified.signer!r} signed it: {'; '.join(changed)}")
+    return verified

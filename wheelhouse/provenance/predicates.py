@@ -1,4 +1,5 @@
-"""What an attestation says: a build's SLSA Provenance v1, or the index's record of an upload.
+"""What an attestation says: a build's SLSA Provenance v1, the index's record of an upload, or a
+GPU proof of a published wheel.
 
 The build predicate is made from what the worker already holds (the spec, the build's
 :class:`~wheelhouse.builds.facts.BuildFacts`, the signer's name), never from the wheel's bytes:
@@ -18,6 +19,8 @@ SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 #: The index's attestation of an upload: who sent it, when (the file's sha256 is the subject).
 PUBLISH = "urn:wheelhouse:publish:v1"
 BUILD_TYPE = "urn:wheelhouse:build:cuda-extension:v1"
+#: A GPU proof of the subject (``wheelhouse prove --record``): where it ran and what it found.
+GPU_PROOF_TYPE = "urn:wheelhouse:gpu-proof:v1"
 
 
 def _time(when: datetime) -> str:
@@ -87,17 +90,43 @@ def publish(*, publisher: str, index: str, when: datetime) -> dict[str, Any]:
     return {"publisher": publisher, "index": index, "publishedOn": _time(when)}
 
 
+def gpu_proof(*, gpu: str, capability: str, driver: str, cuda: str, torch: str, proof: str,
+              proven: bool, passed: bool, reason: str, seconds: float, proven_at: str,
+              host: str) -> dict[str, Any]:
+    """What one run of a wheel's GPU proof found (:class:`wheelhouse.index.proofs.GpuProof`'s
+    fields, under their own names), on which GPU and software, when and by whom."""
+    return {"gpu": gpu, "capability": capability, "driver": driver, "cuda": cuda,
+            "torch": torch, "proof": proof, "proven": proven, "passed": passed,
+            "reason": reason, "seconds": seconds, "proven_at": proven_at, "host": host}
+
+
 def signed_at(predicate_type: str, predicate: Mapping[str, Any]) -> datetime | None:
-    """When the statement says it was signed: a build's finish, an upload's time."""
+    """When the statement says it was signed: a build's finish, an upload's time, a proof's."""
     if predicate_type == SLSA_PROVENANCE:
         run = predicate.get("runDetails")
         meta = run.get("metadata") if isinstance(run, Mapping) else None
         return parse_time(meta.get("finishedOn")) if isinstance(meta, Mapping) else None
+    if predicate_type == GPU_PROOF_TYPE:
+        return parse_time(predicate.get("proven_at"))
     return parse_time(predicate.get("publishedOn"))
 
 
+def _proof_line(p: Mapping[str, Any], signer: str) -> str:
+    verdict = "proven" if p.get("passed") is True else "FAILED"
+    seconds = p.get("seconds")
+    took = f", {seconds:.1f} s" if isinstance(seconds, int | float) else ""
+    why = f": {p.get('reason')}" if p.get("passed") is not True and p.get("reason") else ""
+    return (f"{verdict} on {p.get('gpu') or 'a GPU'} (sm_{p.get('capability') or '?'}), "
+            f"driver {p.get('driver') or '?'}, CUDA {p.get('cuda') or '?'}, "
+            f"torch {p.get('torch') or '?'} ({p.get('proof') or '?'} proof{took}, "
+            f"{p.get('proven_at')} on {p.get('host') or '?'}){why}, by {signer}")
+
+
 def summary(predicate_type: str, predicate: Mapping[str, Any], signer: str) -> list[str]:
-    """Who made the file from what, in a few lines (``wheelhouse verify-provenance``, pages)."""
+    """Who made the file from what, in a few lines (``wheelhouse verify-provenance``, pages);
+    a GPU proof in one."""
+    if predicate_type == GPU_PROOF_TYPE:
+        return [_proof_line(predicate, signer)]
     if predicate_type != SLSA_PROVENANCE:
         return [f"uploaded by {predicate.get('publisher')} at {predicate.get('publishedOn')}, "
                 f"attested by {signer}"]
