@@ -29,8 +29,9 @@ from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, InvalidBuildSpec, InvalidVariant, WheelhouseError
 from wheelhouse.index.catalog import Catalog, Record
 from wheelhouse.index.manage import operator
-from wheelhouse.index.proofs import GpuProof, now, record_proof
+from wheelhouse.index.proofs import GpuProof, now, record_proof, sign_proof
 from wheelhouse.index.storage import Storage, open_storage
+from wheelhouse.provenance.ca import Identity, signer_for
 from wheelhouse.recipes.book import check_allowed, load_recipe, recipe_dirs
 from wheelhouse.redisconn import connect
 from wheelhouse.wheels import parse_name, sha256_file
@@ -253,7 +254,7 @@ def prove_command(config: Config, wheel: Path, python: Path, as_json: bool,
     click.echo(json.dumps(dataclasses.asdict(result)) if as_json else
                f"{wheel.name}: {result.line()}")
     if storage is not None:
-        _record(storage, published, result)
+        _record(config, storage, published, result)
     sys.exit(0 if result.passed else (1 if result.proven else 3))
 
 
@@ -274,23 +275,32 @@ def _published(storage: Storage, wheel: Path) -> list[Record]:
     return [r for r in records if r.sha256 == sha256]
 
 
-def _record(storage: Storage, records: list[Record], result: gpuproof.Proof) -> None:
-    """Keep a proof that ran beside each record; say so either way (stderr: --json's stdout
-    stays one object)."""
+#: The name ``prove --record`` signs with where the workspace's own CA issues its certificate
+#: (with WHEELHOUSE_PROVENANCE_CERT, the certificate's name); the proof names the host and user.
+PROVER_SIGNER = "prover"
+
+
+def _record(config: Config, storage: Storage, records: list[Record],
+            result: gpuproof.Proof) -> None:
+    """Keep a proof that ran, signed, beside each record; say so either way (stderr: --json's
+    stdout stays one object)."""
     if not result.proven:
         click.echo("nothing recorded: no GPU ran the proof", err=True)
         return
     for r in records:
         try:
-            _record_one(storage, r, result)
-        except WheelhouseError as exc:  # deleted or replaced since the look-up
+            # Per record, after the run: the certificate is valid when the proof says it was.
+            signer = signer_for(config, PROVER_SIGNER)
+            _record_one(storage, r, result, signer)
+        except WheelhouseError as exc:  # deleted or replaced since the look-up; can't sign
             click.echo(f"not recorded: {exc}", err=True)
             sys.exit(2)
         click.echo(f"recorded the proof ({'passed' if result.passed else 'failed'}) of "
-                   f"{r.filename} in {r.variant.key}", err=True)
+                   f"{r.filename} in {r.variant.key}, signed by {signer.name}", err=True)
 
 
-def _record_one(storage: Storage, r: Record, result: gpuproof.Proof) -> None:
+def _record_one(storage: Storage, r: Record, result: gpuproof.Proof, signer: Identity) -> None:
     # What the run found, field by field, plus which bytes it ran on, when, and by whom.
-    record_proof(storage, r, GpuProof(filename=r.filename, sha256=r.sha256, proven_at=now(),
-                                      host=operator(), **dataclasses.asdict(result)))
+    proof = GpuProof(filename=r.filename, sha256=r.sha256, proven_at=now(), host=operator(),
+                     **dataclasses.asdict(result))
+    record_proof(storage, r, sign_proof(proof, signer))

@@ -101,10 +101,49 @@ def test_record_on_a_host_without_a_gpu_records_nothing(
     wheel.write_bytes(storage.get_bytes(record.wheel_key))
     done = CliRunner().invoke(prove_command, [str(wheel), "--python", str(session_torch_python),
                                               "--record"],
-                              obj=Config(storage=str(tmp_path / "data")))
-    if done.exit_code in (0, 1):  # a GPU host: the proof ran, so it is kept
-        assert storage.exists(record.proof_key), done.output
+                              obj=Config(storage=str(tmp_path / "data"),
+                                         workspace=str(tmp_path / "ws")))
+    if done.exit_code in (0, 1):  # a GPU host: the proof ran, so it is kept, signed
+        from wheelhouse.index.proofs import read_proof, verify_proof
+        from wheelhouse.provenance.ca import ca_cert_for
+
+        kept = read_proof(storage, record)
+        assert kept is not None, done.output
+        verify_proof(kept, ca_cert_for(Config(workspace=str(tmp_path / "ws"))))
         return
     assert done.exit_code == 3, done.output
     assert "nothing recorded: no GPU ran the proof" in done.output
     assert not storage.exists(record.proof_key)
+
+
+def test_record_signs_the_proof_under_the_box_ca(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """What ``prove --record`` does with a run that happened (the result of a GPU host's run,
+    as ``gpuproof.prove`` returns it): the proof kept is signed, and verifies against the CA the
+    workspace made on first use."""
+    from tests.helpers import make_wheel
+    from wheelhouse.config import Config
+    from wheelhouse.index.proofs import read_proof, verify_proof
+    from wheelhouse.index.publish import publish
+    from wheelhouse.index.storage import LocalStorage
+    from wheelhouse.provenance.ca import ca_cert_for
+    from wheelhouse.variants import parse_variant
+    from worker.cli import PROVER_SIGNER, _record
+
+    config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "ws"))
+    storage = LocalStorage(tmp_path / "data")
+    variant = parse_variant("torch2.8-cu128")
+    record = publish(storage, make_wheel(tmp_path / "w", "demo", f"1.0+{variant.local_label}"),
+                     variant)
+    ran = gpuproof.Proof(proof="generic", proven=True, passed=False, reason="max error 0.3",
+                         gpu="NVIDIA H100 80GB HBM3", capability="90", driver="580.65",
+                         cuda="13.0", torch="2.8.0", seconds=3.5)
+    _record(config, storage, [record], ran)
+    assert f"of {record.filename} in {variant.key}, signed by {PROVER_SIGNER}" in \
+        capsys.readouterr().err
+    kept = read_proof(storage, record)
+    assert kept is not None and kept.attestation is not None
+    verified = verify_proof(kept, ca_cert_for(config))
+    assert verified.signer == PROVER_SIGNER
+    assert verified.predicate["passed"] is False and verified.predicate["gpu"] == ran.gpu
+    assert verified.predicate["host"] == kept.host and "@" in kept.host
