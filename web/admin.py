@@ -17,9 +17,12 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import auth
 from web.services import services
 from wheelhouse.config import Unproven
+from wheelhouse.errors import ProvenanceInvalid, ProvenanceUnavailable
 from wheelhouse.index.catalog import Record
 from wheelhouse.index.manage import Action, Target, delete, unyank, yank
+from wheelhouse.index.proofs import GpuProof, verify_proof
 from wheelhouse.index.tokens import TokenInfo
+from wheelhouse.provenance.ca import ca_cert_for
 
 bp = Blueprint("admin", __name__)
 
@@ -78,7 +81,27 @@ def project_page(name: str) -> BaseResponse | str:
     info = auth.shown_token()
     admin = info is not None and info.allows("admin")
     return render_template("project.html", project=project, records=records, proofs=proofs,
-                           held=services().config.unproven is Unproven.HOLD, admin=admin)
+                           seals=_seals(proofs), held=services().config.unproven is Unproven.HOLD,
+                           admin=admin)
+
+
+def _seals(proofs: dict[str, GpuProof | None]) -> dict[str, tuple[bool, str]]:
+    """Per record key with a proof: whether its attestation verifies against the fleet CA, and
+    who signed it or why not (one line), so the page never names a signer it did not check."""
+    present = {key: p for key, p in proofs.items() if p is not None}
+    if not present:
+        return {}
+    try:
+        authority = ca_cert_for(services().config)
+    except ProvenanceUnavailable as exc:
+        return {key: (False, str(exc)) for key in present}
+    out = {}
+    for key, proof in present.items():
+        try:
+            out[key] = (True, verify_proof(proof, authority).signer)
+        except ProvenanceInvalid as exc:
+            out[key] = (False, str(exc))
+    return out
 
 
 @bp.post("/projects/<name>/yank")

@@ -1,5 +1,5 @@
 """Wheel, ``.metadata`` and ``.provenance`` downloads: immutable, strong ETags, ranges, S3
-stream or redirect.
+stream or redirect; and a wheel's GPU proof, ``.proof``, which a later proof replaces.
 
 A published file is served only as its record describes it: the stored wheel's size is checked
 before the first byte is sent (a truncated or missing wheel answers 503, never a short 200 or a
@@ -32,6 +32,7 @@ from web.caches import etag_matches
 from web.services import services
 from wheelhouse.config import Config
 from wheelhouse.errors import DamagedFile, StorageError, StorageUnavailable
+from wheelhouse.index import proofs
 from wheelhouse.index.catalog import Record
 from wheelhouse.index.storage import ByteStream
 from wheelhouse.variants import parse_variant
@@ -90,9 +91,25 @@ def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
         body = _small(record.provenance_key, record.provenance_sha256, record)
         return serve(record.provenance_key, record.provenance_sha256, len(body),
                      "application/json", lambda start, stop: (body[start:stop],))
+    if filename.endswith(proofs.SUFFIX):
+        return _proof(_lookup(base_key, project, filename.removesuffix(proofs.SUFFIX)))
     record = _lookup(base_key, project, filename)
     return serve(record.wheel_key, record.sha256, record.size, "application/octet-stream",
                  lambda start, stop: _open_wheel(record, start, stop))
+
+
+def _proof(record: Record) -> BaseResponse:
+    """The wheel's GPU proof with its attestation, as the catalog holds it (a variant form's is
+    the proof of the wheel it was made from). Not immutable: a later proof replaces it."""
+    proof = services().catalog.proof(record)
+    if proof is None:
+        raise NotFound(f"{record.filename} has no recorded GPU proof")
+    body = proof.to_json()
+    etag = f'"{hashlib.sha256(body).hexdigest()}"'
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if etag_matches(request.headers.get("If-None-Match"), etag):
+        return Response(status=304, headers=headers)
+    return Response(body, mimetype="application/json", headers=headers)
 
 
 def _metadata(record: Record) -> bytes:

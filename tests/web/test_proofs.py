@@ -1,15 +1,19 @@
 """Issue 27 on the pages: with WHEELHOUSE_UNPROVEN_WHEELS=hold the simple index leaves out
-wheels without a passing GPU proof; with list the project page says which are proven."""
+wheels without a passing GPU proof; with list the project page says which are proven, and
+whether the proof's signature holds. A wheel's proof is served beside it as ``<file>.proof``."""
 
 from __future__ import annotations
+
+import json
 
 from flask import Flask
 
 from web import create_app
 from wheelhouse.config import Config
 from wheelhouse.index.catalog import Record
-from wheelhouse.index.proofs import GpuProof, record_proof
+from wheelhouse.index.proofs import GpuProof, now, record_proof, sign_proof
 from wheelhouse.index.storage import open_storage
+from wheelhouse.provenance.ca import signer_for
 
 ROOT = "/torch2.8-cu128/simple/demo-ext/"
 JSON = {"Accept": "application/vnd.pypi.simple.v1+json"}
@@ -51,3 +55,37 @@ def test_list_marks_the_project_page(app_config: Config, published: list[Record]
     page = client.get("/projects/demo-ext").text
     assert "proven on NVIDIA H100 80GB HBM3 (sm_90)" in page
     assert "failed on NVIDIA H100 80GB HBM3 (sm_90)" in page
+
+
+def test_the_proof_is_served_beside_the_wheel_and_its_signer_shown(
+        app_config: Config, published: list[Record]) -> None:
+    client = _app(app_config, "list").test_client()
+    one, other = published[0], published[1]
+    url = f"/files/{one.variant.base.key}/{one.project}/{one.filename}.proof"
+    missing = client.get(url)
+    assert missing.status_code == 404
+    assert f"{one.filename} has no recorded GPU proof" in missing.text
+    assert client.get(f"/files/{one.variant.base.key}/{one.project}/nope-1.0-py3-none-any.whl"
+                      ".proof").status_code == 404
+
+    storage = open_storage(app_config)
+    signed = sign_proof(_proof(one), signer_for(app_config, "prover"))
+    record_proof(storage, one, signed)
+    record_proof(storage, other, _proof(other, passed=False))  # unsigned, as before attesting
+    served = client.get(url)
+    assert served.status_code == 200 and served.mimetype == "application/json"
+    assert served.headers["Cache-Control"] == "no-cache"  # a later proof replaces it
+    assert GpuProof.from_json(served.data) == signed
+    assert client.get(url, headers={"If-None-Match": served.headers["ETag"]}).status_code == 304
+    page = client.get("/projects/demo-ext").text
+    assert "signed by prover" in page and "unsigned" in page
+    assert f"{one.filename}.proof" in page
+
+    # Changed in storage after signing: the page does not vouch for it.
+    data = json.loads(storage.get_bytes(one.proof_key))
+    data["gpu"] = "NVIDIA A100"
+    data["proven_at"] = now()
+    storage.put_bytes(one.proof_key, json.dumps(data).encode())
+    record_proof(storage, other, _proof(other, passed=False))  # a new generation: re-read
+    page = client.get("/projects/demo-ext").text
+    assert "signature does not verify" in page and "signed by prover" not in page
