@@ -4,6 +4,8 @@
 client would (the project page's ``provenance`` URL) and checks it against the fleet CA's
 certificate (``--ca``, or the index's ``/api/provenance/ca.pem``), and the wheel's bytes
 against its subject; it prints what built the wheel, or one line saying why it can't be trusted.
+The wheel's GPU proof (``<file>.proof`` beside the provenance) is checked against the same CA
+where the index serves one; a wheel without one is "not proven on a GPU", which is no failure.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import click
 from cryptography import x509
 
 from wheelhouse.errors import ProvenanceInvalid
+from wheelhouse.index import proofs
 from wheelhouse.provenance import attest, ca, predicates
 from wheelhouse.wheels import parse_name, sha256_file
 
@@ -91,11 +94,23 @@ def ca_issue(name: str, ca_dir: Path, out: Path, days: float,
 
 
 def _get(url: str, accept: str = "*/*") -> bytes:
+    body = _fetch(url, accept, missing_ok=False)
+    if body is None:  # only a 404 with missing_ok answers None
+        raise ProvenanceInvalid(f"{url}: not found")
+    return body
+
+
+def _fetch(url: str, accept: str, *, missing_ok: bool) -> bytes | None:
+    """The body at ``url``; None where it answers 404 and ``missing_ok``."""
     request = urllib.request.Request(url, headers={"Accept": accept})  # noqa: S310
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:  # noqa: S310
             body: bytes = resp.read()
             return body
+    except urllib.error.HTTPError as exc:
+        if missing_ok and exc.code == 404:
+            return None
+        raise ProvenanceInvalid(f"{url}: {exc}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise ProvenanceInvalid(f"{url}: {exc}") from None
 
@@ -162,4 +177,25 @@ def _verify(wheel: str, index: str | None, ca_path: Path | None, tmp: Path) -> l
     for v in verified:
         lines.extend(f"  {line}" for line in predicates.summary(v.predicate_type, v.predicate,
                                                                 v.signer))
+    lines.append(f"  {_proof_line(document_url, authority, filename, sha256)}")
     return lines
+
+
+def _proof_line(document_url: str, authority: x509.Certificate, filename: str,
+                sha256: str) -> str:
+    """What the wheel's GPU proof, served beside its provenance, says once it verifies."""
+    raw = _fetch(document_url.removesuffix(attest.SUFFIX) + proofs.SUFFIX, "application/json",
+                 missing_ok=True)
+    if raw is None:
+        return "not proven on a GPU"
+    try:
+        proof = proofs.GpuProof.from_json(raw)
+    except (ValueError, UnicodeDecodeError, TypeError) as exc:
+        raise ProvenanceInvalid(f"the GPU proof served for {filename} is no proof: "
+                                f"{exc}") from None
+    v = proofs.verify_proof(proof, authority)
+    (line,) = predicates.summary(v.predicate_type, v.predicate, v.signer)
+    if (proof.filename, proof.sha256) != (filename, sha256):
+        # A variant form of /simple/ is served the proof of the wheel it was relabelled from.
+        return f"GPU proof of {proof.filename} (sha256 {proof.sha256[:12]}…): {line}"
+    return f"GPU proof: {line}"

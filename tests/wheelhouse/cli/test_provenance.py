@@ -6,6 +6,7 @@ installed entry points may predate them (tests/wheelhouse/cli/test_main.py check
 
 from __future__ import annotations
 
+import json
 import stat
 import zipfile
 from datetime import UTC, datetime
@@ -20,7 +21,8 @@ from wheelhouse.cli.main import publish as publish_command
 from wheelhouse.cli.provenance import ca_group, verify_provenance
 from wheelhouse.config import Config
 from wheelhouse.index.catalog import Catalog
-from wheelhouse.index.publish import publish
+from wheelhouse.index.proofs import GpuProof, now, record_proof, sign_proof
+from wheelhouse.index.publish import bump_generation, publish
 from wheelhouse.index.storage import open_storage
 from wheelhouse.provenance import attest, ca, predicates
 from wheelhouse.variants import parse_variant
@@ -114,3 +116,43 @@ def test_wheelhouse_publish_attests_what_it_publishes(tmp_path: Path) -> None:
                                          ca.ca_cert_for(config), wheel.name, record.sha256)
     assert verified.signer == "index"
     assert str(verified.predicate["publisher"]).startswith("wheelhouse publish by ")
+
+
+def test_verify_provenance_checks_the_gpu_proof_served_beside_it(tmp_path: Path) -> None:
+    config = Config(storage=str(tmp_path / "data"), workspace=str(tmp_path / "ws"),
+                    upstream="off", catalog_refresh_seconds=0.0)
+    wheel = _publish_built(config, tmp_path)
+    storage = open_storage(config)
+    (record,) = Catalog(storage, 0).files(V, canonicalize_name("demo"))
+    runner = CliRunner()
+    with start_index(config, tmp_path) as url:
+        url_of_wheel = f"{url}/files/{V.key}/demo/{wheel.name}"
+        unproven = runner.invoke(verify_provenance, [url_of_wheel])
+        assert unproven.exit_code == 0, unproven.output
+        assert unproven.output.splitlines()[-1] == "  not proven on a GPU"
+
+        proof = GpuProof(filename=record.filename, sha256=record.sha256, proven=True,
+                         passed=True, reason="ok", gpu="NVIDIA H100 80GB HBM3", capability="90",
+                         driver="580.65", cuda="13.0", torch="2.14.1", proof="generic",
+                         seconds=2.0, proven_at=now(), host="ops@gpu1 (cli)")
+        record_proof(storage, record, sign_proof(proof, ca.signer_for(config, "prover")))
+        proven = runner.invoke(verify_provenance, [str(wheel), "--index",
+                                                   f"{url}/{V.key}/simple/"])
+        assert proven.exit_code == 0, proven.output
+        line = proven.output.splitlines()[-1]
+        assert line.startswith("  GPU proof: proven on NVIDIA H100 80GB HBM3 (sm_90), driver "
+                               "580.65, CUDA 13.0, torch 2.14.1 (generic proof, 2.0 s, ")
+        assert line.endswith("on ops@gpu1 (cli)), by prover")
+
+        # Edited in storage after signing: a failure, in one line, as any other.
+        data = json.loads(storage.get_bytes(record.proof_key))
+        data["passed"] = True
+        data["gpu"] = "NVIDIA B200"
+        storage.put_bytes(record.proof_key, json.dumps(data).encode())
+        bump_generation(storage)
+        refused = runner.invoke(verify_provenance, [url_of_wheel])
+        assert refused.exit_code == 1
+        assert len(refused.output.strip().splitlines()) == 1
+        assert refused.output.startswith("Error: provenance does not verify: the GPU proof of "
+                                         f"{wheel.name} was changed after 'prover' signed it: "
+                                         "gpu is 'NVIDIA B200' in the proof")
