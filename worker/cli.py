@@ -228,8 +228,9 @@ def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
                    "installed into it first (uv pip install --no-deps --reinstall).")
 @click.option("--json", "as_json", is_flag=True, help="The result as one JSON object.")
 @click.option("--record", is_flag=True,
-              help="Keep the result (passed or failed) in the index, beside the published "
-                   "wheel of that file name; a run where no GPU ran records nothing.")
+              help="Keep the result (passed or failed), signed under the fleet CA, in the "
+                   "index beside the published wheel of that file name; a run where no GPU "
+                   "ran records nothing.")
 @pass_config
 @storage_option
 def prove_command(config: Config, wheel: Path, python: Path, as_json: bool,

@@ -8,7 +8,9 @@ own Python: the GPU's architecture must be among the wheel's SASS, and the recip
 result says so; nothing here ever claims a proof that did not run.
 
 This is the proof a person runs on a GPU host (``wheelhouse prove``). The fleet does not run it
-yet: no ``prove-sm<arch>`` queue, no proof in the record or its attestation.
+yet: no ``prove-sm<arch>`` queue, no proof in the record. With ``--record`` the result is kept
+beside the published wheel's record with an attestation of its own, signed under the fleet CA
+(:func:`wheelhouse.index.proofs.sign_proof`).
 """
 
 from __future__ import annotations
