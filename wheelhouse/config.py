@@ -264,6 +264,10 @@ class Config:
     unproven_wheels: str = "list"
     """Wheels with no passing GPU proof: ``list`` them (marked on the project page) or ``hold``."""
 
+    prove_archs: str = ""
+    """The ``prove-sm<arch>`` queues a worker takes GPU proofs from: empty for the archs of the
+    GPUs ``nvidia-smi`` lists (none without a GPU), ``none``, or archs such as ``80,90``."""
+
     rate_limit: str = "30/60"
     """Build API requests allowed per token, as ``COUNT/SECONDS``."""
 
@@ -386,6 +390,21 @@ class Config:
         return Unproven.parse(self.unproven_wheels)
 
     @functools.cached_property
+    def prove_arch_list(self) -> tuple[str, ...] | None:
+        """``prove_archs``: the archs named (``()`` for ``none``), or None to ask the GPUs."""
+        text = self.prove_archs.strip().lower()
+        if not text:
+            return None
+        if text == "none":
+            return ()
+        archs = tuple(dict.fromkeys(a.strip().removeprefix("sm_") for a in
+                                    text.replace(",", " ").split()))
+        bad = [a for a in archs if not re.fullmatch(r"[0-9]{2,3}[af]?", a)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a GPU architecture (e.g. 90 or sm_90)")
+        return archs
+
+    @functools.cached_property
     def read_auth(self) -> ReadAuth:
         """``auth``: who may read the index."""
         return ReadAuth.parse(self.auth)
@@ -424,7 +443,8 @@ class Config:
 
 
 #: Config's typed views, and the setting each reads.
-_VIEWS = {"unproven": "unproven_wheels", "read_auth": "auth", "build_rate": "rate_limit",
+_VIEWS = {"unproven": "unproven_wheels", "prove_arch_list": "prove_archs",
+          "read_auth": "auth", "build_rate": "rate_limit",
           "login_rate": "login_rate_limit",
           "upstream_routes": "upstream_rules", "cache_patterns": "cache_projects",
           "extra_recipe_dirs": "recipe_dirs",

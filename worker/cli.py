@@ -39,7 +39,13 @@ from worker import build, gpuproof
 from worker.capabilities import DEFAULT_ROOTS, discover
 from worker.console import ConsoleReporter, cancel_on_interrupt
 from worker.errors import SandboxUnavailable
-from worker.lifecycle import check_sandbox, default_name, run_worker, select_queues
+from worker.lifecycle import (
+    check_sandbox,
+    default_name,
+    prove_queues,
+    run_worker,
+    select_queues,
+)
 from worker.steps.context import uv_binary
 from worker.supervision.reaper import become_subreaper
 from worker.toolkits.provision import Sources, prepare, toolkit_root, wanted_versions
@@ -73,7 +79,8 @@ def worker_command(config: Config, name: str | None, burst: bool,
         caps = discover(roots=roots)
     ours = tuple(t.cuda for t in caps.toolkits if Path(t.home).is_relative_to(root))
     caps = dataclasses.replace(caps, provisionable=ours, unavailable=prepared.unavailable)
-    queues = select_queues(caps, only_cuda)
+    # Proofs first: one takes minutes where a build takes hours.
+    queues = (*prove_queues(caps, config), *select_queues(caps, only_cuda))
     if not queues:
         found = ", ".join(f"{t.cuda} ({t.home})" for t in caps.toolkits) or "none"
         raise click.ClickException(

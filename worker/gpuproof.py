@@ -7,16 +7,17 @@ own Python: the GPU's architecture must be among the wheel's SASS, and the recip
 (``generic``, ``flash-attn``) must pass. Where torch sees no GPU nothing is proven, and the
 result says so; nothing here ever claims a proof that did not run.
 
-This is the proof a person runs on a GPU host (``wheelhouse prove``). The fleet does not run it
-yet: no ``prove-sm<arch>`` queue, no proof in the record. With ``--record`` the result is kept
-beside the published wheel's record with an attestation of its own, signed under the fleet CA
-(:func:`wheelhouse.index.proofs.sign_proof`).
+A person runs it on a GPU host (``wheelhouse prove``); the fleet runs it as a proof job from a
+``prove-sm<arch>`` queue (:mod:`worker.steps.prove`), in the sandbox with the GPU's device
+nodes added. Either way a proof that ran is kept beside the published wheel's record with an
+attestation of its own, signed under the fleet CA (:func:`wheelhouse.index.proofs.sign_proof`).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,30 +60,64 @@ def sass_archs(wheel: Path) -> list[str]:
 
 
 def prove(python: Path, wheel: Path, recipe: Recipe, *, timeout: float = 900.0) -> Proof:
-    """Prove ``wheel``, installed in ``python``'s environment, with ``recipe``'s proof."""
+    """Prove ``wheel``, installed in ``python``'s environment, with ``recipe``'s proof (the
+    operator's ``wheelhouse prove``: their wheel, their Python, on their host)."""
     steps = loadcheck.plan(wheel, (*recipe.import_check, *recipe.load_check))
     loaded = subprocess.run(loadcheck.argv(python, steps), capture_output=True, text=True,
                             timeout=timeout, check=False)
+    failed = load_failure(recipe, loadcheck.parse(loaded.stdout, steps, loaded.returncode),
+                          wheel.name)
+    if failed is not None:
+        return failed
+    ran = subprocess.run(argv(python, sass_archs(wheel), recipe.gpu_proof), capture_output=True,
+                         text=True, timeout=timeout, check=False)
+    return result(recipe.gpu_proof, ran.returncode, ran.stdout, ran.stderr)
+
+
+def load_failure(recipe: Recipe, report: loadcheck.Report, wheel_name: str) -> Proof | None:
+    """The proof's verdict where the wheel's libraries do not load (it fails wherever it
+    runs, GPU or not); None where they do."""
     try:
-        loadcheck.check(loadcheck.parse(loaded.stdout, steps, loaded.returncode),
-                        wheel_name=wheel.name)
-    except BuildFailed as exc:  # a verdict without the GPU: it fails wherever it runs
+        loadcheck.check(report, wheel_name=wheel_name)
+    except BuildFailed as exc:
         return Proof(recipe.gpu_proof, proven=True, passed=False,
                      reason=f"its libraries do not load: {exc.reason}")
-    payload = json.dumps({"archs": sass_archs(wheel), "proof": recipe.gpu_proof})
-    ran = subprocess.run([str(python), "-I", "-c", PROGRAM, payload], capture_output=True,
-                         text=True, timeout=timeout, check=False)
-    marked = [line for line in ran.stdout.splitlines()
-              if line.startswith(gpuproof_program.MARK)]
+    return None
+
+
+def argv(python: Path | str, archs: Sequence[str], proof: str, *,
+         site: Path | None = None) -> list[str]:
+    """The command that runs the proof in ``python`` (the wheel installed into ``site`` where
+    given): ``archs`` are the wheel's SASS architectures."""
+    payload = {"archs": list(archs), "proof": proof, **({"site": str(site)} if site else {})}
+    return [str(python), "-I", "-c", PROGRAM, json.dumps(payload)]
+
+
+def result(proof: str, returncode: int | None, stdout: str, stderr: str = "") -> Proof:
+    """What one run of :func:`argv`'s command found, from its exit status and the last line it
+    marked. From a sandboxed run this is the wheel's own code talking: plain data, checked
+    for shape, and trusted no further than the proof of that wheel."""
+    code = -1 if returncode is None else returncode
+    marked = [line for line in stdout.splitlines() if line.startswith(gpuproof_program.MARK)]
     if not marked:
-        tail = (ran.stderr.strip().splitlines() or [f"exit {ran.returncode}"])[-1]
-        return Proof(recipe.gpu_proof, proven=ran.returncode != gpuproof_program.NO_GPU,
-                     passed=False, reason=f"the proof died: {tail}"[:500])
-    found = json.loads(marked[-1].removeprefix(gpuproof_program.MARK))
+        tail = (stderr.strip().splitlines() or [f"exit {code}"])[-1]
+        return Proof(proof, proven=code != gpuproof_program.NO_GPU, passed=False,
+                     reason=f"the proof died: {tail}"[:500])
+    try:
+        found = json.loads(marked[-1].removeprefix(gpuproof_program.MARK))
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        return Proof(proof, proven=code != gpuproof_program.NO_GPU, passed=False,
+                     reason="the proof printed no result it can be read from")
+    try:
+        seconds = float(found.get("seconds", 0.0))
+    except (TypeError, ValueError):
+        seconds = 0.0
     return Proof(
-        proof=recipe.gpu_proof, proven=ran.returncode != gpuproof_program.NO_GPU,
-        passed=bool(found.get("passed")) and ran.returncode == 0,
-        reason=str(found.get("reason", "")), gpu=str(found.get("gpu", "")),
-        capability=str(found.get("capability", "")), driver=str(found.get("driver", "")),
-        cuda=str(found.get("cuda", "")), torch=str(found.get("torch", "")),
-        seconds=float(found.get("seconds", 0.0)))
+        proof=proof, proven=code != gpuproof_program.NO_GPU,
+        passed=found.get("passed") is True and code == 0,
+        reason=str(found.get("reason", ""))[:500], gpu=str(found.get("gpu", ""))[:200],
+        capability=str(found.get("capability", ""))[:8],
+        driver=str(found.get("driver", ""))[:64], cuda=str(found.get("cuda", ""))[:32],
+        torch=str(found.get("torch", ""))[:64], seconds=seconds)

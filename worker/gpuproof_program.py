@@ -98,6 +98,8 @@ PROOFS = {"generic": _generic, "flash-attn": _flash_attn}
 def main(argv: list[str]) -> int:
     payload = json.loads(argv[1])
     archs, proof = [str(a) for a in payload["archs"]], str(payload["proof"])
+    if payload.get("site"):  # the wheel installed there, ahead of the venv's own packages
+        sys.path.insert(0, str(payload["site"]))
     result: dict[str, Any] = {"passed": False, "proof": proof}
     started = time.monotonic()
     code = 1

@@ -1,4 +1,5 @@
-"""RQ job entry points. The web enqueues these by dotted path (``worker.jobs.run_build``)."""
+"""RQ job entry points. The web enqueues builds by dotted path (``worker.jobs.run_build``); a
+build that published a wheel enqueues its GPU proofs (``worker.jobs.run_proof``)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from rq import get_current_job
 
 from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.builds.fleet import build_id_prefix
-from wheelhouse.builds.job import JOB_FUNCTION, JobCall
+from wheelhouse.builds.job import JOB_FUNCTION, JobCall, ProveCall
 from wheelhouse.builds.meta import Failure, JobMeta
-from wheelhouse.builds.queue import append_log, cancel_requested
+from wheelhouse.builds.queue import PROVE_TIMEOUT, append_log, cancel_requested, enqueue_proofs
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.builds.stats import record_build
 from wheelhouse.config import Config
-from wheelhouse.errors import BuildFailed
+from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.index.storage import open_storage
 from worker import build
 from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Progress, Reporter
+from worker.steps import prove
 from worker.steps.publish import log_key
 from worker.supervision.reaper import become_subreaper
 
@@ -140,6 +142,8 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
         raise
     if not result.already_published:
         _count(job.connection, "built", result.build)
+        _queue_proofs(job.connection, spec, result.record.filename, result.record.sha256,
+                      result.build.sass_archs)
     summary = ("already published" if result.already_published
                else f"built in {result.seconds:.0f} s")
     reporter.finish(replace(reporter.meta, phase="published", wheel=result.record.filename,
@@ -147,3 +151,51 @@ def run_build(spec_data: dict[str, Any], source: str | None = None,
     return {"wheel": result.record.filename, "variant": result.record.variant.key,
             "sha256": result.record.sha256, "already_published": result.already_published,
             "seconds": round(result.seconds, 1)}
+
+
+def _queue_proofs(conn: Redis, spec: BuildSpec, filename: str, sha256: str,
+                  archs: list[str]) -> None:
+    """The new wheel's GPU proofs, one per SASS arch it holds, for the fleet's GPU hosts; a
+    Redis hiccup must not fail a build that published."""
+    try:
+        queued = enqueue_proofs(conn, spec, filename, sha256, archs)
+    except RedisError as exc:
+        log.warning("could not queue the GPU proofs of %s: %s", filename, exc)
+        return
+    if queued:
+        log.info("queued the GPU proofs of %s: %s", filename, ", ".join(queued))
+
+
+def run_proof(spec_data: dict[str, Any], filename: str, sha256: str,
+              arch: str) -> dict[str, Any]:
+    """Prove one published wheel on this host's GPU, inside an RQ work horse.
+
+    Its arguments are a :class:`ProveCall`'s (:meth:`ProveCall.to_args`). Where no GPU ran
+    the proof the job fails as ``infrastructure`` (RQ hands it to another worker once) and
+    nothing is recorded; a proof that ran is recorded, passed or failed.
+    """
+    job = get_current_job()
+    if job is None:
+        raise RuntimeError("run_proof must run inside an RQ job")
+    call = ProveCall.parse(job.id, job.origin, [spec_data, filename, sha256, arch], {})
+    become_subreaper()
+    config = Config.from_env()
+    reporter = RedisReporter(job.connection, job)
+    reporter.begin(call.spec)
+    try:
+        outcome = prove.run_proof(call, config=config, storage=open_storage(config),
+                                  reporter=reporter,
+                                  build_id=build_id_prefix(job.connection) + job.id,
+                                  timeout=PROVE_TIMEOUT)
+        if not outcome.proof.proven:
+            raise BuildFailed(FailureKind.INFRASTRUCTURE,
+                              f"no GPU ran the proof on this host: {outcome.proof.reason}")
+    except BuildFailed as exc:
+        reporter.finish(replace(reporter.meta, phase="failed",
+                                failure=Failure(exc.kind, exc.reason)))
+        raise
+    verdict = outcome.proof.line()
+    reporter.finish(replace(reporter.meta, phase="published", wheel=filename, summary=verdict))
+    return {"wheel": filename, "sha256": sha256, "arch": arch, "proven": outcome.proof.proven,
+            "passed": outcome.proof.passed, "recorded": outcome.recorded,
+            "already": outcome.already, "line": verdict}

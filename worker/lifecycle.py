@@ -33,7 +33,7 @@ from wheelhouse.builds.fleet import WorkerAd, advertise, build_id_prefix, live_w
 from wheelhouse.builds.job import BuildJob
 from wheelhouse.builds.meta import JobMeta
 from wheelhouse.builds.queue import BuildQueues, fetch_job
-from wheelhouse.builds.spec import queue_name
+from wheelhouse.builds.spec import prove_queue_name, queue_name
 from wheelhouse.config import Config
 from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.redisconn import connect
@@ -232,6 +232,16 @@ def select_queues(caps: Capabilities, only_cuda: tuple[str, ...] = ()) -> tuple[
         wanted = {queue_name(normalize_cuda(c), caps.machine) for c in only_cuda}
         queues = tuple(q for q in queues if q in wanted)
     return queues
+
+
+def prove_queues(caps: Capabilities, config: Config) -> tuple[str, ...]:
+    """The ``prove-sm<arch>`` queues this host takes GPU proofs from: one per arch of the GPUs
+    ``nvidia-smi`` lists, or those ``WHEELHOUSE_PROVE_ARCHS`` names. A host without a GPU
+    takes none: it never runs a proof job, so it never has a proof to claim."""
+    archs = config.prove_arch_list
+    if archs is None:
+        archs = tuple(dict.fromkeys(g.arch for g in caps.gpus))
+    return tuple(prove_queue_name(a, caps.machine) for a in archs)
 
 
 def default_name() -> str:

@@ -76,7 +76,7 @@ def test_environment_values_are_typed(var: str, raw: str, field: str, value: obj
 #: Settings that are parsed (Config's typed views) need a sample that parses.
 VALID = {"auth": ("token", "token"), "rate_limit": ("5/10", "5/10"),
          "login_rate_limit": ("5/10", "5/10"), "upstream_rules": ("a,b-*=https://x/", "a,b-*=https://x/"),
-         "unproven_wheels": ("hold", "hold")}
+         "unproven_wheels": ("hold", "hold"), "prove_archs": ("80,sm_90", "80,sm_90")}
 
 
 @pytest.mark.parametrize("field", [f.name for f in FIELDS])

@@ -11,6 +11,7 @@ asked to. The worker reports through the job's meta, one :class:`~wheelhouse.bui
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -28,7 +29,14 @@ from rq.registry import (
 from wheelhouse import keys
 from wheelhouse.builds.facts import BuildFacts
 from wheelhouse.builds.fleet import explain_unservable
-from wheelhouse.builds.job import JOB_FUNCTION, SERIALIZER, BuildJob, JobCall
+from wheelhouse.builds.job import (
+    JOB_FUNCTION,
+    PROVE_FUNCTION,
+    SERIALIZER,
+    BuildJob,
+    JobCall,
+    ProveCall,
+)
 from wheelhouse.builds.meta import JobMeta
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.errors import FailureKind, UnservableSpec
@@ -45,6 +53,11 @@ KEEP_SECONDS = 30 * 24 * 3600
 #: The RQ timeout exceeds the worker's own build deadline by this much, so that the worker's
 #: deadline (which kills the whole tree) always fires first.
 RQ_TIMEOUT_MARGIN = 1800
+#: How long a proof waits for a GPU host of its arch before it is dropped (a fleet with no
+#: such GPU never proves it; the project page then says "not proven").
+PROVE_WAIT_SECONDS = 7 * 24 * 3600
+#: The deadline of one proof job: a venv with torch, the wheel, and the proof itself.
+PROVE_TIMEOUT = 3600
 
 
 class BuildState(StrEnum):
@@ -396,3 +409,30 @@ def _utc(moment: datetime | None) -> datetime | None:
     if moment is None or moment.tzinfo is not None:
         return moment
     return moment.replace(tzinfo=UTC)
+
+
+def enqueue_proofs(conn: Redis, spec: BuildSpec, filename: str, sha256: str,
+                   archs: Iterable[str]) -> list[str]:
+    """Queue the GPU proof of a published wheel on ``prove-sm<arch>`` for each of ``archs``
+    (the SASS it holds): a worker with a GPU of that arch takes it, wherever the wheel was
+    built. Once per wheel and arch (the job id is the bytes' and the arch's); return the ids
+    of the jobs queued now."""
+    queues = BuildQueues(conn)
+    queued = []
+    # sm_90a code runs on an sm_90 GPU, which is the queue its hosts take.
+    for arch in sorted({a.rstrip("af") for a in archs}):
+        call = ProveCall(spec, filename, sha256, arch)
+        try:
+            queues.queue(call.queue_name).enqueue(
+                PROVE_FUNCTION, *call.to_args(), job_id=call.job_id, unique=True,
+                description=f"GPU proof of {filename} on sm_{arch}",
+                job_timeout=PROVE_TIMEOUT + RQ_TIMEOUT_MARGIN, ttl=PROVE_WAIT_SECONDS,
+                result_ttl=KEEP_SECONDS, failure_ttl=KEEP_SECONDS,
+                retry=Retry(max=ABANDONED_JOBS.retries,
+                            interval=[int(ABANDONED_JOBS.delay(i))
+                                      for i in range(ABANDONED_JOBS.retries)]),
+                meta=JobMeta(spec=spec, phase="queued").to_meta())
+        except DuplicateJobError:
+            continue
+        queued.append(call.job_id)
+    return queued

@@ -343,3 +343,8 @@ def supported_tags(python: str, machine: str) -> frozenset[Tag]:
 def queue_name(cuda: str, machine: str) -> str:
     """``build-cu130-x86_64``."""
     return f"build-cu{cuda.replace('.', '')}-{machine}"
+
+
+def prove_queue_name(arch: str, machine: str) -> str:
+    """``prove-sm90-x86_64``: the GPU proofs that a host with an sm_90 GPU takes."""
+    return f"prove-sm{arch}-{machine}"

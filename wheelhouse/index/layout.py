@@ -73,9 +73,10 @@ PROVENANCE_SUFFIX = ".provenance"
 #: What build workers (and ``wheelhouse publish`` with their credentials) write: their S3
 #: policy (``deploy/s3/worker-policy.json``) must allow each, and nothing else (quarantine
 #: markers and deletions are the operator's). A first publication writes its project's owner
-#: record and, for a project its upstream doesn't list, the private marker.
+#: record and, for a project its upstream doesn't list, the private marker; a GPU host's proof
+#: job, the proof it ran.
 WORKER_WRITES = (WHEELS, RECORDS, CLAIMS, GENERATION_KEY, LOGS, STATS, COMPILE_CACHE, OWNERS,
-                 PRIVATE)
+                 PRIVATE, PROOFS)
 #: What the web writes when a build is requested with a local sdist (``PUT /api/sources/...``);
 #: with the read-only web policy of ``deploy/s3/web-policy.json`` those uploads answer 503.
 WEB_SOURCE_WRITES = (SOURCES,)

@@ -83,13 +83,16 @@ class Layout:
     tmp: Path
     read_only: tuple[Path, ...] = ()
     writable: tuple[Path, ...] = ()
+    devices: tuple[Path, ...] = ()
+    """Host device nodes added to the sandbox's own ``/dev`` (a GPU proof's ``/dev/nvidia*``):
+    character devices only, never links."""
 
     @classmethod
     def in_workspace(cls, workspace: Path, *, read_only: Iterable[Path] = (),
-                     writable: Iterable[Path] = ()) -> Layout:
+                     writable: Iterable[Path] = (), devices: Iterable[Path] = ()) -> Layout:
         """The build's ``HOME`` and ``TMPDIR`` in ``workspace/home`` and ``workspace/tmp``."""
         return cls(home=workspace / "home", tmp=workspace / "tmp",
-                   read_only=tuple(read_only), writable=tuple(writable))
+                   read_only=tuple(read_only), writable=tuple(writable), devices=tuple(devices))
 
     @property
     def all_writable(self) -> tuple[Path, ...]:
@@ -298,6 +301,14 @@ class Sandbox:
             elif path.exists():
                 out += ["--ro-bind", name, name]
         out += ["--proc", "/proc", "--dev", "/dev"]
+        for device in layout.devices:
+            try:
+                mode = os.lstat(device).st_mode
+            except OSError as exc:
+                raise SandboxUnavailable(f"{device}: {exc.strerror}") from None
+            if not stat.S_ISCHR(mode) or not device.is_relative_to("/dev"):
+                raise SandboxUnavailable(f"{device} is not a character device under /dev")
+            out += ["--dev-bind", str(device), str(device)]
         # A tmpfs /tmp first: workspace paths below /tmp (as in tests) get their mount points
         # in it rather than in anything on disk.
         size = str(self.tmpfs_bytes)

@@ -70,7 +70,7 @@ def check_wheel(ctx: BuildContext, run: Runner, wheel: Path, venv: BuildVenv,
          "relabel": recipe.relabel, "label": spec.variant.local_label,
          "patches": [asdict(p) for p in patches],
          "load_check": list(recipe.load_check), "variant": spec.variant.key,
-         "variant_form": True, "max_unpacked_bytes": _unpacked_cap(ctx)},
+         "variant_form": True, "max_unpacked_bytes": unpacked_cap(ctx)},
         what="checking the wheel", failure=FailureKind.INVALID_WHEEL,
         read_only=[wheel.parent], writable=[ctx.workspace / "load-check"])
     checked = _take(ctx, report, out)
@@ -83,17 +83,17 @@ def check_wheel(ctx: BuildContext, run: Runner, wheel: Path, venv: BuildVenv,
     if missing:
         raise BuildFailed(FailureKind.INCOMPATIBLE,
                           f"{name} lacks {', '.join(missing)}; the CUDA build was skipped")
-    found = _device_code(report.get("device_code"))
+    found = report_device_code(report.get("device_code"))
     ctx.journal.measured(device_code=devicecode.archs_found(found))
     for lib, code in sorted(found.items()):
         ctx.say(f"device code in {lib}: {code.describe()}")
     devicecode.check_device_code(found, recipe.archs_for(spec.variant), wheel_name=name)
-    _load_check(ctx, run, _load_steps(report.get("load_steps"), recipe.load_check), venv, site,
-                wheel_name=name)
+    steps = report_load_steps(report.get("load_steps"), recipe.load_check)
+    _load_check(ctx, run, steps, venv, site, wheel_name=name)
     return _with_variant(ctx, report, out, checked, found)
 
 
-def _unpacked_cap(ctx: BuildContext) -> int:
+def unpacked_cap(ctx: BuildContext) -> int:
     """What the wheel may unpack to: the disk cap bounds the load check's install too."""
     disk = int(ctx.config.build_disk_limit_gib * GIB)
     return min(MAX_UNPACKED_BYTES, disk) if disk > 0 else MAX_UNPACKED_BYTES
@@ -174,7 +174,7 @@ def _names(value: object, what: str) -> list[str]:
     return list(value)
 
 
-def _device_code(value: object) -> dict[str, devicecode.DeviceCode]:
+def report_device_code(value: object) -> dict[str, devicecode.DeviceCode]:
     """The report's device code, as plain data of the one known shape."""
     if not isinstance(value, dict) or len(value) > _MAX_LIBRARIES:
         raise BuildFailed(FailureKind.INVALID_WHEEL, "the wheel's check gave no device code")
@@ -192,7 +192,7 @@ def _device_code(value: object) -> dict[str, devicecode.DeviceCode]:
     return found
 
 
-def _load_steps(value: object, imports: tuple[str, ...]) -> list[loadcheck.Step]:
+def report_load_steps(value: object, imports: tuple[str, ...]) -> list[loadcheck.Step]:
     """The report's load plan: loaders the worker knows, targets that are module names or
     relative paths inside the install tree, and never a statement."""
     if not isinstance(value, list):

@@ -27,8 +27,13 @@ def log_key(spec: BuildSpec) -> str:
 
 def already_published(ctx: BuildContext) -> Record | None:
     """The record of the wheel this build would publish, if there is one."""
+    return read_record(ctx, ctx.spec.expected_wheel_name)
+
+
+def read_record(ctx: BuildContext, filename: str) -> Record | None:
+    """The record of ``filename`` in the build's variant and project, if it is published."""
     spec = ctx.spec
-    key = layout.record_key(spec.variant.base, spec.project, spec.expected_wheel_name)
+    key = layout.record_key(spec.variant.base, spec.project, filename)
 
     def look() -> Record | None:
         try:

@@ -45,8 +45,11 @@ class BuildVenv:
         return (self.root, *([self.prefix] if self.prefix is not None else []))
 
 
-def create_venv(ctx: BuildContext, run: Runner, src: Path) -> BuildVenv:
+def create_venv(ctx: BuildContext, run: Runner, src: Path | None) -> BuildVenv:
     """Create the build venv, install torch and the build requirements, check torch.
+
+    ``src`` is the unpacked sdist whose ``pyproject.toml`` names more build requirements; a
+    GPU proof, which builds nothing, passes None and gets torch and the recipe's.
 
     The worker does this with its network, before any code of the sdist runs: wheels only
     (``--no-build``), in one ``uv`` call, since from then on the venv's Python runs code
@@ -64,7 +67,8 @@ def create_venv(ctx: BuildContext, run: Runner, src: Path) -> BuildVenv:
                      prefix=python_prefix(python))
     argv = [uv, "pip", "install", "--python", str(python), "--no-build",
             *index_args(config, spec.variant)]
-    requires = [f"torch=={spec.torch}.*", *ctx.recipe.build_requires, *_pyproject_requires(src)]
+    requires = [f"torch=={spec.torch}.*", *ctx.recipe.build_requires,
+                *(_pyproject_requires(src) if src is not None else [])]
     run.install([*argv, *requires], env=env,
                 what="installing torch and the build requirements")
     _check_torch(ctx, run, venv)

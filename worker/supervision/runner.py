@@ -154,7 +154,8 @@ class Runner:
                   writable: Iterable[Path] = (),
                   shared: Iterable[Path] = (), network: bool = False,
                   governor_reserve: int | None = None,
-                  periodic: Periodic | None = None) -> Ran:
+                  periodic: Periodic | None = None,
+                  devices: Iterable[Path] = ()) -> Ran:
         """Run a program that executes the sdist's code, or code it chose, in the sandbox.
 
         Use it for every such step (the compile, the torch check, the load check).
@@ -165,13 +166,14 @@ class Runner:
         ``TMPDIR`` are ``<workspace>/home`` and ``<workspace>/tmp``. With
         ``governor_reserve`` the memory governor pauses compile jobs to keep that much free.
         ``periodic`` is called every so often while the program runs, from the supervising
-        thread (the compile cache's push as it goes). With ``WHEELHOUSE_BUILD_SANDBOX=off``
-        the program runs as it is.
+        thread (the compile cache's push as it goes). ``devices`` are host device nodes the
+        program gets (a GPU proof's). With ``WHEELHOUSE_BUILD_SANDBOX=off`` the program runs as
+        it is.
         """
         shared_paths = tuple(shared)
         layout = Layout.in_workspace(self.ctx.workspace,
                                      read_only=[p for p in read_only if p is not None],
-                                     writable=[*writable, *shared_paths])
+                                     writable=[*writable, *shared_paths], devices=devices)
         for path in layout.all_writable:  # only places the worker knows how to read back
             writable_place(path, build=self.ctx.workspace, source=self.ctx.source_root,
                            cache=Path(self.ctx.config.workspace).resolve() / "sccache")
