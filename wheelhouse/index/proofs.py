@@ -140,11 +140,15 @@ def of_record(proof: GpuProof | None, record: Record) -> GpuProof | None:
     return proof
 
 
+#: GpuProof's fields that are not the proof's predicate: the subject names the file and its
+#: sha256, and the format's version and the attestation itself are about the record.
+_NOT_SIGNED = frozenset({"filename", "sha256", "version", "attestation"})
+
+
 def _predicate(proof: GpuProof) -> dict[str, Any]:
-    return predicates.gpu_proof(
-        gpu=proof.gpu, capability=proof.capability, driver=proof.driver, cuda=proof.cuda,
-        torch=proof.torch, proof=proof.proof, proven=proof.proven, passed=proof.passed,
-        reason=proof.reason, seconds=proof.seconds, proven_at=proof.proven_at, host=proof.host)
+    return predicates.gpu_proof(**{f.name: getattr(proof, f.name)
+                                   for f in dataclasses.fields(proof)
+                                   if f.name not in _NOT_SIGNED})
 
 
 def sign_proof(proof: GpuProof, identity: Identity) -> GpuProof:
