@@ -94,6 +94,9 @@ def wheel(base_key: str, project: str, filename: str) -> BaseResponse:
     if filename.endswith(proofs.SUFFIX):
         return _proof(_lookup(base_key, project, filename.removesuffix(proofs.SUFFIX)))
     record = _lookup(base_key, project, filename)
+    if services().held(record):  # its .metadata, .provenance and .proof stay readable
+        raise NotFound(f"{record.filename} is held until a GPU proof passes on it "
+                       "(WHEELHOUSE_UNPROVEN_WHEELS=hold)")
     return serve(record.wheel_key, record.sha256, record.size, "application/octet-stream",
                  lambda start, stop: _open_wheel(record, start, stop))
 

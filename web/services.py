@@ -18,9 +18,10 @@ from web.caches import FormatCache, MetadataCache, PageCache, VersionsCache
 from web.metrics import Metrics
 from web.readiness import Probe, Readiness
 from wheelhouse.builds.torchindex import TorchIndex
-from wheelhouse.config import Config
+from wheelhouse.config import Config, Unproven
 from wheelhouse.errors import StorageUnavailable
 from wheelhouse.index.catalog import Catalog
+from wheelhouse.index.layout import Record
 from wheelhouse.index.mirror import Pages
 from wheelhouse.index.storage import Storage, open_storage
 from wheelhouse.index.upstream import Router
@@ -63,6 +64,14 @@ class Services:
     """The torch and CUDA check before a build queues; None when ``torch_check`` is off."""
     mirror: Pages | None = None
     """The pull-through cache's pages (``wheelhouse.index.mirror``); None when it is off."""
+
+    def held(self, record: Record) -> bool:
+        """Whether ``record``'s wheel is held back (``WHEELHOUSE_UNPROVEN_WHEELS=hold``): no
+        recorded GPU proof passed on it. Held wheels are left off the pages and not served."""
+        if self.config.unproven is not Unproven.HOLD:
+            return False
+        proof = self.catalog.proof(record)
+        return proof is None or not proof.passed
 
     def recipe_for(self, project: str) -> Recipe:
         """``project``'s recipe, or the generic one (read at start-up, never per request)."""

@@ -28,7 +28,6 @@ from werkzeug.wrappers import Response as BaseResponse
 from web import onmiss
 from web.caches import Page, PageKey, etag_matches, origin
 from web.services import services
-from wheelhouse.config import Unproven
 from wheelhouse.errors import InvalidProjectName
 from wheelhouse.index import mirror, variantwheels
 from wheelhouse.index.catalog import Listing, Record
@@ -209,11 +208,7 @@ def _shown(files: list[Record]) -> list[Record]:
     only those a recorded GPU proof passed on (issue 27). A project whose files are all held
     still answers its page, empty: it is hosted here, so it is never sent upstream for that."""
     svc = services()
-    if svc.config.unproven is not Unproven.HOLD:
-        return files
-    proofs = (svc.catalog.proof(r) for r in files)
-    return [r for r, proof in zip(files, proofs, strict=True)
-            if proof is not None and proof.passed]
+    return [r for r in files if not svc.held(r)]
 
 
 def _caught_up(generation: str) -> bool:

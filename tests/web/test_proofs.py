@@ -45,6 +45,27 @@ def test_hold_leaves_unproven_wheels_out_until_a_proof_passes(
     assert [f["filename"] for f in files] == [one.filename]
 
 
+def test_hold_serves_no_held_wheel_by_its_url(app_config: Config,
+                                              published: list[Record]) -> None:
+    """A link kept from before, or guessed, gets no held wheel either: 404 saying why. Its
+    metadata and provenance stay readable, and the wheel is served once a proof passes."""
+    client = _app(app_config, "hold").test_client()
+    one = published[0]
+    url = f"/files/{one.variant.base.key}/{one.project}/{one.filename}"
+    held = client.get(url)
+    assert held.status_code == 404
+    assert f"{one.filename} is held until a GPU proof passes on it" in held.text
+    assert client.get(url + ".metadata").status_code == 200
+    storage = open_storage(app_config)
+    record_proof(storage, one, _proof(one, passed=False))
+    assert client.get(url).status_code == 404
+    record_proof(storage, one, _proof(one))
+    served = client.get(url)
+    assert served.status_code == 200 and len(served.data) == one.size
+    assert _app(app_config, "list").test_client().get(
+        f"/files/{one.variant.base.key}/{one.project}/{published[1].filename}").status_code == 200
+
+
 def test_list_marks_the_project_page(app_config: Config, published: list[Record]) -> None:
     client = _app(app_config, "list").test_client()
     assert published[0].filename in client.get(ROOT).text
