@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -36,6 +37,7 @@ from worker.sandbox.limits import GIB, MAX_DEPTH, DiskQuota, TreeLimits
 from worker.sandbox.takeout import take_wheel
 from worker.sandbox.untrusted import unpack
 from worker.sandbox.wrapper import Layout, Sandbox, python_prefix, startup_check
+from worker.steps.prove import gpu_devices
 from worker.supervision.governor import MemoryGovernor
 from worker.supervision.reaper import BUILD_ID_ENV, BuildProcess
 
@@ -709,3 +711,41 @@ def test_builds_in_one_process_write_the_seccomp_filter_without_renaming_each_ot
     assert errors == []
     assert target.read_bytes() == seccomp.program()
     assert [p.name for p in tmp_path.iterdir()] == [target.name]  # no writer's file left over
+
+
+def test_a_proof_gets_the_device_nodes_it_is_given_and_a_build_none(
+        workspace: Workspace, sandbox: Sandbox) -> None:
+    """What a GPU proof's ``/dev/nvidia*`` get, shown with a host character device that the
+    sandbox's own ``/dev`` lacks: present only when given; a link or a path outside ``/dev``
+    is refused before anything runs."""
+    device = Path("/dev/kmsg")
+    if not device.is_char_device():
+        pytest.skip("this host has no /dev/kmsg to stand in for a GPU's device node")
+    probe = ["/bin/sh", "-c", f"test -c {device} && echo present || echo absent"]
+    build = workspace.start(sandbox, probe)
+    assert build.wait(deadline=time.monotonic() + 60).returncode == 0
+    assert workspace.log.read_text().strip().endswith("absent")  # a build gets no host device
+    layout = workspace.layout
+    workspace.layout = Layout(home=layout.home, tmp=layout.tmp, read_only=layout.read_only,
+                              writable=layout.writable, devices=(device,))
+    build = workspace.start(sandbox, probe)
+    assert build.wait(deadline=time.monotonic() + 60).returncode == 0
+    assert workspace.log.read_text().strip().endswith("present")
+    for bad, why in ((Path("/dev/stdin"), "not a character device under /dev"),
+                     (workspace.root, "not a character device under /dev"),
+                     (Path("/dev/nvidia-none"), "No such file")):
+        workspace.layout = replace(workspace.layout, devices=(bad,))
+        with pytest.raises(SandboxUnavailable, match=why):
+            workspace.start(sandbox, probe)
+
+
+def test_the_gpu_device_nodes_are_character_devices_never_links(tmp_path: Path) -> None:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    os.mknod(dev / "nvidia0", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mknod(dev / "nvidiactl", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+    (dev / "nvidia1").symlink_to("/dev/null")  # a link is never followed into the sandbox
+    (dev / "nvidia2").write_text("not a device")
+    (dev / "null").symlink_to("/dev/null")
+    assert gpu_devices(dev) == [dev / "nvidia0", dev / "nvidiactl"]
+    assert gpu_devices(tmp_path / "none") == []
