@@ -19,23 +19,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 import requests
 
 from tests.helpers import build_job, fake_cuda_toolkit, run_worker, start_index
-from tests.worker.conftest import FIXTURES, TORCH_FIND_LINKS, build_config, make_sdist
+from tests.worker.conftest import FIXTURES, SANDBOXED_BUILDS, build_config, make_sdist
 from wheelhouse.builds.fanout import part_spec, request_id
 from wheelhouse.builds.fleet import live_workers
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.index.tokens import create_token
 
-pytestmark = [
-    pytest.mark.sandbox,
-    pytest.mark.slow,
-    pytest.mark.skipif(not any(Path(TORCH_FIND_LINKS).glob("torch-2.14.*.whl")),
-                       reason=f"no torch 2.14 wheel in {TORCH_FIND_LINKS}"),
-]
+pytestmark = SANDBOXED_BUILDS
 
 WHOLE = BuildSpec.create("cext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
                          archs=["sm80", "sm90"])

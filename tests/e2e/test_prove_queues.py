@@ -16,11 +16,10 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 import redis
 
 from tests.helpers import build_job, fake_cuda_toolkit, run_worker
-from tests.worker.conftest import FIXTURES, TORCH_FIND_LINKS, build_config, make_sdist
+from tests.worker.conftest import FIXTURES, SANDBOXED_BUILDS, build_config, make_sdist
 from wheelhouse.builds import queue as q
 from wheelhouse.builds.job import ProveCall
 from wheelhouse.builds.meta import JobMeta
@@ -32,12 +31,7 @@ from wheelhouse.index.layout import Record
 from wheelhouse.index.proofs import read_proof
 from wheelhouse.index.storage import open_storage
 
-pytestmark = [
-    pytest.mark.sandbox,
-    pytest.mark.slow,
-    pytest.mark.skipif(not any(Path(TORCH_FIND_LINKS).glob("torch-2.14.*.whl")),
-                       reason=f"no torch 2.14 wheel in {TORCH_FIND_LINKS}"),
-]
+pytestmark = SANDBOXED_BUILDS
 
 SPEC = BuildSpec.create("cext", "0.1.0", python="3.11", torch="2.14", cuda="13.0",
                         archs=["sm80"])

@@ -34,6 +34,15 @@ def nvcc_missing() -> str | None:
     return None
 
 
+#: The sandboxed real-worker tests' marks: they build against torch 2.14 from the local wheels.
+SANDBOXED_BUILDS = [
+    pytest.mark.sandbox,
+    pytest.mark.slow,
+    pytest.mark.skipif(not any(Path(TORCH_FIND_LINKS).glob("torch-2.14.*.whl")),
+                       reason=f"no torch 2.14 wheel in {TORCH_FIND_LINKS}"),
+]
+
+
 def require_nvcc() -> None:
     """Skip with the reason, or fail where ``WHEELHOUSE_REQUIRE_NVCC=1`` makes these mandatory."""
     reason = nvcc_missing()

@@ -91,12 +91,7 @@ class JobCall:
         if kwargs or not isinstance(args, list | tuple) or not 1 <= len(args) <= 3:
             raise RefusedJob("the job's arguments are not (spec, source, timeout)")
         data, source, timeout = (*args, None, None)[:3]
-        if not isinstance(data, dict):
-            raise RefusedJob("the job's spec is not a JSON object")
-        try:
-            spec = BuildSpec.from_dict(data)
-        except InvalidBuildSpec as exc:
-            raise RefusedJob(f"the job's spec is invalid: {exc}") from None
+        spec = _spec_of(data)
         # The id names the build's workspace and log; the queue says which workers may take it.
         if job_id != spec.job_id or queue != spec.queue_name:
             raise RefusedJob(f"the job's id or queue ({_short(job_id)} on {_short(queue)}) is "
@@ -121,6 +116,16 @@ def _check_source(source: object, spec: BuildSpec) -> None:
     if name != spec.project or version != Version(spec.version):
         raise RefusedJob(f"the job's source {_short(source)} is not an sdist of "
                          f"{spec.project} {spec.version}")
+
+
+def _spec_of(data: object) -> BuildSpec:
+    """The job's spec, checked as strictly as an API request's; :class:`RefusedJob` if not."""
+    if not isinstance(data, dict):
+        raise RefusedJob("the job's spec is not a JSON object")
+    try:
+        return BuildSpec.from_dict(data)
+    except InvalidBuildSpec as exc:
+        raise RefusedJob(f"the job's spec is invalid: {exc}") from None
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -160,12 +165,7 @@ class ProveCall:
         if kwargs or not isinstance(args, list | tuple) or len(args) != 4:
             raise RefusedJob("the job's arguments are not (spec, filename, sha256, arch)")
         data, filename, sha256, arch = args
-        if not isinstance(data, dict):
-            raise RefusedJob("the job's spec is not a JSON object")
-        try:
-            spec = BuildSpec.from_dict(data)
-        except InvalidBuildSpec as exc:
-            raise RefusedJob(f"the job's spec is invalid: {exc}") from None
+        spec = _spec_of(data)
         if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
             raise RefusedJob(f"the job's sha256 {_short(sha256)} is not a sha256")
         if not isinstance(arch, str) or not _ARCH.fullmatch(arch):
