@@ -114,6 +114,10 @@ def _run(ctx: BuildContext, call: ProveCall, timeout: float) -> ProofOutcome:
     ctx.say(proof.line())
     if not proof.proven:
         return ProofOutcome(proof, recorded=False)
+    if proof.capability != call.arch:  # WHEELHOUSE_PROVE_ARCHS names a GPU this host lacks
+        raise BuildFailed(FailureKind.INFRASTRUCTURE,
+                          f"this host's GPU is sm_{proof.capability}, the proof job is for "
+                          f"sm_{call.arch}: nothing recorded (check WHEELHOUSE_PROVE_ARCHS)")
     # Signed after the run, by this worker: its certificate is valid when the proof says so.
     signer = ca.signer_for(ctx.config, WORKSPACE_SIGNER)
     record_proof(ctx.storage, record, sign_proof(GpuProof(
