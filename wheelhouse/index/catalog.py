@@ -9,6 +9,10 @@ it; a ``yanks/`` marker lists it as yanked; a ``proofs/`` marker holds its GPU p
 Each server process keeps the catalog in memory and re-reads ``generation`` at most every
 ``catalog_refresh_seconds``; when it changed, only records it hasn't seen yet are fetched.
 So every gunicorn worker converges on the same catalog without talking to the others.
+The marker is a hint, not a guarantee: a publication writes it last, but a restore from a
+backup (``aws s3 sync``) may write it before the records it covers. So storage is also listed
+whole every :data:`RECONCILE` seconds whatever the marker says; what that finds changed gets a
+generation of its own, so that no page rendered from the old view is served again.
 
 Readers never wait on storage: the catalog they read is an immutable view, replaced whole by
 one refresher at a time, in a thread of its own. A reader that finds a refresh due starts it
@@ -56,6 +60,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between refreshes that readers' misses may ask for (:meth:`Catalog.catch_up`).
 CATCH_UP = 0.05
+#: Seconds between whole listings under an unchanged generation marker (see above).
+RECONCILE = 10.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,8 @@ class _View:
     """One immutable reading of storage; readers hold on to it, the refresher replaces it."""
 
     generation: str
+    """This view's identity, for caches of what was rendered from it: the marker, or the marker
+    and a suffix where a reconciling listing found storage changed under it."""
     records: Mapping[str, Record]
     """Every readable record by its key, quarantined ones included (so that lifting a
     quarantine needs no re-read)."""
@@ -145,6 +153,16 @@ class _View:
     proof_stamps: Mapping[str, tuple[float, int, str]] = field(default_factory=dict)
     """Each proof marker's time, size and ETag, as listed: a proof is replaced when the wheel is
     proved again (unlike a record), so any change of the three reads it again."""
+    marker: str = ""
+    """The generation marker as stored when this view was read."""
+    yanks: Mapping[str, bool | str] = field(default_factory=dict)
+
+    def same_listing(self, other: _View) -> bool:
+        """Whether ``other`` read the same storage: the same keys, times and markers."""
+        return (self.stamps, self.unreadable, self.quarantined, self.yanks, self.on_upstream,
+                self.private, self.proof_stamps) == (
+            other.stamps, other.unreadable, other.quarantined, other.yanks, other.on_upstream,
+            other.private, other.proof_stamps)
 
     @property
     def listed(self) -> int:
@@ -158,7 +176,8 @@ class _View:
               on_upstream: frozenset[str] = frozenset(),
               private: frozenset[str] = frozenset(),
               proofs: Mapping[str, GpuProof] | None = None,
-              proof_stamps: Mapping[str, tuple[float, int, str]] | None = None) -> _View:
+              proof_stamps: Mapping[str, tuple[float, int, str]] | None = None,
+              marker: str | None = None) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         by_label: dict[NormalizedName, list[Record]] = {}
         for key, rec in records.items():
@@ -194,6 +213,8 @@ class _View:
             private=private,
             proofs=proofs or {},
             proof_stamps=proof_stamps or {},
+            marker=generation if marker is None else marker,
+            yanks=yanked or {},
         )
 
 
@@ -207,10 +228,15 @@ class Catalog:
     """
 
     def __init__(self, storage: Storage, refresh_seconds: float = 1.0, *,
-                 wait: float = 2.0) -> None:
+                 wait: float = 2.0, reconcile_seconds: float = RECONCILE) -> None:
         self.storage = storage
         self.refresh_seconds = refresh_seconds
         self.wait = wait
+        self.reconcile_seconds = reconcile_seconds
+        # When storage was last listed whole, and how many listings found it changed under an
+        # unchanged marker (the suffix of their views' generations).
+        self._listed = -math.inf
+        self._reconciled = 0
         self._view: _View | None = None
         # Held by the one refresher, never across a reader's wait: readers only try it.
         self._refreshing = threading.Lock()
@@ -324,7 +350,7 @@ class Catalog:
         try:
             generation = self.storage.get_bytes(GENERATION_KEY).decode(errors="replace")
         except FileNotFoundError:
-            if previous is not None and previous.generation != "empty":
+            if previous is not None and previous.marker != "empty":
                 # The marker is never deleted: storage that had it and lost it was emptied,
                 # replaced or not mounted. Keep serving what was published (stale) rather
                 # than an empty index; a restarted server accepts an emptied storage.
@@ -335,9 +361,12 @@ class Catalog:
             # bucket gone): only the first is an empty catalog.
             self.storage.ping()
             generation = "empty"
-        if previous is not None and generation == previous.generation:
+        marker = generation
+        listed = time.monotonic()
+        unchanged = previous is not None and marker == previous.marker
+        if previous is not None and unchanged and listed - self._listed < self.reconcile_seconds:
             return previous
-        self._progress = time.monotonic()
+        self._progress = listed
         stamps = {o.key: o.mtime for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
         keys = set(stamps)
         quarantined = frozenset(quarantined_record_key(o.key)
@@ -363,9 +392,19 @@ class Catalog:
                                 for o in self.storage.list(UPSTREAM))
         private = frozenset(o.key.removeprefix(PRIVATE) for o in self.storage.list(PRIVATE))
         proofs, proof_stamps = self._proofs(keys, previous)
-        return _View.build(generation, records, frozenset(unreadable), quarantined,
+        view = _View.build(generation, records, frozenset(unreadable), quarantined,
                            self._yanks(keys), stamps, on_upstream, private, proofs,
                            proof_stamps)
+        self._listed = listed
+        if previous is None or not unchanged:
+            return view
+        if view.same_listing(previous):
+            return previous
+        self._reconciled += 1
+        log.warning("storage changed without a new generation marker (a restore?); "
+                    "listing what it holds now")
+        return dataclasses.replace(view, generation=f"{marker}+{self._reconciled}",
+                                   marker=marker)
 
     def _proofs(self, keys: set[str], previous: _View | None
                 ) -> tuple[dict[str, GpuProof], dict[str, tuple[float, int, str]]]:

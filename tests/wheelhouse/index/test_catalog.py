@@ -311,7 +311,8 @@ def test_refresh_picks_up_new_projects_variants_and_removals(
 
 def test_without_a_generation_bump_nothing_is_reread(storage: Storage, tmp_path: Path) -> None:
     # The generation marker is what tells readers: a record written without it stays unseen
-    # (a reader does not list storage on every request), and is seen once it changes.
+    # (a reader does not list storage on every request, only every RECONCILE seconds), and is
+    # seen once it changes.
     first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
     catalog = Catalog(storage, refresh_seconds=0)
     base = parse_variant("torch2.8-cu128")
@@ -323,6 +324,37 @@ def test_without_a_generation_bump_nothing_is_reread(storage: Storage, tmp_path:
     bump_generation(storage)
     assert catalog.files(base, FA) == [first, second]
     assert second.project == FA
+
+
+def test_a_restore_that_writes_the_marker_first_is_seen_by_the_next_whole_listing(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """A backup restored key by key in name order (``generation`` before ``records/``) into
+    storage a server read while it was empty: the server reads the marker with no records
+    under it yet. The marker never changes again, so only a whole listing finds the records;
+    it gives the view a generation of its own, so pages rendered from the empty view go."""
+    base = parse_variant("torch2.8-cu128")
+    first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    backup = {o.key: storage.get_bytes(o.key) for o in storage.list("")}
+    for key in backup:
+        storage.delete(key)
+    reconcile = 0.3
+    catalog = Catalog(storage, refresh_seconds=0, reconcile_seconds=reconcile)
+    assert catalog.files(base, FA) == [] and catalog.generation == "empty"
+    marker = backup["generation"].decode()
+    storage.put_bytes("generation", backup.pop("generation"))
+    assert catalog.files(base, FA) == [] and catalog.generation == marker
+    for key, data in backup.items():
+        storage.put_bytes(key, data)
+    assert catalog.files(base, FA) == []  # the marker has not changed: not listed yet
+    time.sleep(reconcile)
+    assert catalog.files(base, FA) == [first]
+    assert catalog.generation not in ("empty", marker) and catalog.generation.startswith(marker)
+    # Listing it again finds nothing new: the same view, the same generation.
+    seen = catalog.generation
+    time.sleep(reconcile)
+    catalog.refresh()
+    assert catalog.generation == seen and catalog.files(base, FA) == [first]
 
 
 # --- storage trouble: readers never wait, stale beats down ------------------------------------
