@@ -10,9 +10,11 @@ Each server process keeps the catalog in memory and re-reads ``generation`` at m
 ``catalog_refresh_seconds``; when it changed, only records it hasn't seen yet are fetched.
 So every gunicorn worker converges on the same catalog without talking to the others.
 The marker is a hint, not a guarantee: a publication writes it last, but a restore from a
-backup (``aws s3 sync``) may write it before the records it covers. So storage is also listed
-whole every :data:`RECONCILE` seconds whatever the marker says; what that finds changed gets a
-generation of its own, so that no page rendered from the old view is served again.
+backup (a sync copies in its own order) may write it before the records it covers. So storage
+is also listed whole every :data:`RECONCILE` seconds whatever the marker says; what that finds
+changed gets a generation of its own, so that no page rendered from the old view is served again.
+Nothing was published for that listing to show, so no reader waits for it; and only markers
+whose stamp changed are read again.
 
 Readers never wait on storage: the catalog they read is an immutable view, replaced whole by
 one refresher at a time, in a thread of its own. A reader that finds a refresh due starts it
@@ -29,9 +31,9 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from packaging.utils import BuildTag, NormalizedName, parse_wheel_filename
 from packaging.version import Version
@@ -77,6 +79,12 @@ class Listing:
     upstream_listed: bool
     private: bool = False
     """Kept this index's own when first published (``private/<project>``): never upstream."""
+
+
+_T = TypeVar("_T")
+
+Stamp = tuple[float, int, str]
+"""A listed object's time, size and ETag: what tells a marker rewritten in place."""
 
 
 def yank_reason(raw: bytes) -> bool | str:
@@ -150,19 +158,22 @@ class _View:
     """Projects kept this index's own (``ownership``): never sent upstream, published or not."""
     proofs: Mapping[str, GpuProof] = field(default_factory=dict)
     """Record key -> its recorded GPU proof, as stored (checked against the record on use)."""
-    proof_stamps: Mapping[str, tuple[float, int, str]] = field(default_factory=dict)
-    """Each proof marker's time, size and ETag, as listed: a proof is replaced when the wheel is
-    proved again (unlike a record), so any change of the three reads it again."""
+    proof_stamps: Mapping[str, Stamp] = field(default_factory=dict)
+    """Each proof marker's stamp, as listed: a proof is replaced when the wheel is proved again
+    (unlike a record), so any change of it reads the proof again."""
     marker: str = ""
     """The generation marker as stored when this view was read."""
     yanks: Mapping[str, bool | str] = field(default_factory=dict)
+    """Record key -> the reason it is yanked (True without one)."""
+    yank_stamps: Mapping[str, Stamp] = field(default_factory=dict)
+    """Each yank marker's stamp, as listed (a yank's reason can be rewritten in place)."""
 
     def same_listing(self, other: _View) -> bool:
         """Whether ``other`` read the same storage: the same keys, times and markers."""
-        return (self.stamps, self.unreadable, self.quarantined, self.yanks, self.on_upstream,
-                self.private, self.proof_stamps) == (
-            other.stamps, other.unreadable, other.quarantined, other.yanks, other.on_upstream,
-            other.private, other.proof_stamps)
+        return (self.stamps, self.unreadable, self.quarantined, self.yank_stamps,
+                self.on_upstream, self.private, self.proof_stamps) == (
+            other.stamps, other.unreadable, other.quarantined, other.yank_stamps,
+            other.on_upstream, other.private, other.proof_stamps)
 
     @property
     def listed(self) -> int:
@@ -176,8 +187,8 @@ class _View:
               on_upstream: frozenset[str] = frozenset(),
               private: frozenset[str] = frozenset(),
               proofs: Mapping[str, GpuProof] | None = None,
-              proof_stamps: Mapping[str, tuple[float, int, str]] | None = None,
-              marker: str | None = None) -> _View:
+              proof_stamps: Mapping[str, Stamp] | None = None,
+              yank_stamps: Mapping[str, Stamp] | None = None) -> _View:
         by_base: dict[str, dict[NormalizedName, list[Record]]] = {}
         by_label: dict[NormalizedName, list[Record]] = {}
         for key, rec in records.items():
@@ -213,8 +224,9 @@ class _View:
             private=private,
             proofs=proofs or {},
             proof_stamps=proof_stamps or {},
-            marker=generation if marker is None else marker,
+            marker=generation,
             yanks=yanked or {},
+            yank_stamps=yank_stamps or {},
         )
 
 
@@ -240,6 +252,8 @@ class Catalog:
         self._view: _View | None = None
         # Held by the one refresher, never across a reader's wait: readers only try it.
         self._refreshing = threading.Lock()
+        # Set when the reader that started the running refresh may stop waiting for it.
+        self._waiting: threading.Event | None = None
         self._pid = os.getpid()
         self._checked = -math.inf
         self._started: float | None = None
@@ -269,6 +283,7 @@ class Catalog:
         first = self._view is None and self._error is None
         patient = self._view is None or self._error is None
         done = threading.Event()
+        self._waiting = done
         try:
             threading.Thread(target=self._background, args=(done,), name="catalog-refresh",
                              daemon=True).start()
@@ -295,6 +310,7 @@ class Catalog:
             self._after_fork()
         with self._refreshing:  # this caller asked to wait, for a running refresh too
             self._checked = time.monotonic()
+            self._waiting = None
             self._refresh()
 
     def state(self) -> CatalogState:
@@ -361,11 +377,14 @@ class Catalog:
             # bucket gone): only the first is an empty catalog.
             self.storage.ping()
             generation = "empty"
-        marker = generation
         listed = time.monotonic()
-        unchanged = previous is not None and marker == previous.marker
-        if previous is not None and unchanged and listed - self._listed < self.reconcile_seconds:
-            return previous
+        if previous is not None and generation == previous.marker:
+            if listed - self._listed < self.reconcile_seconds:
+                return previous
+            # Nothing was published: what a whole listing may find is a restore's, which the
+            # next reader sees. The reader that started it need not wait for it.
+            if self._waiting is not None:
+                self._waiting.set()
         self._progress = listed
         stamps = {o.key: o.mtime for o in self.storage.list(RECORDS) if o.key.endswith(".json")}
         keys = set(stamps)
@@ -392,57 +411,57 @@ class Catalog:
                                 for o in self.storage.list(UPSTREAM))
         private = frozenset(o.key.removeprefix(PRIVATE) for o in self.storage.list(PRIVATE))
         proofs, proof_stamps = self._proofs(keys, previous)
+        yanks, yank_stamps = self._yanks(keys, previous)
         view = _View.build(generation, records, frozenset(unreadable), quarantined,
-                           self._yanks(keys), stamps, on_upstream, private, proofs,
-                           proof_stamps)
+                           yanks, stamps, on_upstream, private, proofs, proof_stamps,
+                           yank_stamps)
         self._listed = listed
-        if previous is None or not unchanged:
+        if previous is None or generation != previous.marker:
             return view
         if view.same_listing(previous):
             return previous
         self._reconciled += 1
         log.warning("storage changed without a new generation marker (a restore?); "
                     "listing what it holds now")
-        return dataclasses.replace(view, generation=f"{marker}+{self._reconciled}",
-                                   marker=marker)
+        return dataclasses.replace(view, generation=f"{generation}+{self._reconciled}")
 
     def _proofs(self, keys: set[str], previous: _View | None
-                ) -> tuple[dict[str, GpuProof], dict[str, tuple[float, int, str]]]:
-        """Record key -> GPU proof, and each marker's stamp. One listing per new generation;
-        only markers new or stored anew since the last view are read."""
-        stamps = {o.key: (o.mtime, o.size, o.etag) for o in self.storage.list(PROOFS)
-                  if proved_record_key(o.key) in keys}
-        seen = previous.proof_stamps if previous is not None else {}
-        known = previous.proofs if previous is not None else {}
-        out: dict[str, GpuProof] = {}
+                ) -> tuple[dict[str, GpuProof], dict[str, Stamp]]:
+        """Record key -> GPU proof, and each proof marker's stamp."""
+        return self._markers(PROOFS, proved_record_key, keys, GpuProof.from_json, "GPU proof",
+                             previous.proofs if previous is not None else {},
+                             previous.proof_stamps if previous is not None else {})
+
+    def _yanks(self, keys: set[str], previous: _View | None
+               ) -> tuple[dict[str, bool | str], dict[str, Stamp]]:
+        """Record key -> reason of every yank marker, and each yank marker's stamp."""
+        return self._markers(YANKS, yanked_record_key, keys, yank_reason, "yank marker",
+                             previous.yanks if previous is not None else {},
+                             previous.yank_stamps if previous is not None else {})
+
+    def _markers(self, prefix: str, record_key_of: Callable[[str], str], keys: set[str],
+                 parse: Callable[[bytes], _T], what: str, known: Mapping[str, _T],
+                 seen: Mapping[str, Stamp]) -> tuple[dict[str, _T], dict[str, Stamp]]:
+        """Record key -> the parsed marker under ``prefix`` for each listed record, and each
+        marker's stamp. Markers are rewritten in place (a wheel proved again, a yank's reason
+        changed), so one is read again when any of its time, size and ETag changed; the others
+        are the last view's, so a whole listing reads only what changed."""
+        stamps = {o.key: (o.mtime, o.size, o.etag) for o in self.storage.list(prefix)
+                  if record_key_of(o.key) in keys}
+        out: dict[str, _T] = {}
         for marker, stamp in stamps.items():
-            rkey = proved_record_key(marker)
+            rkey = record_key_of(marker)
             if seen.get(marker) == stamp and rkey in known:
                 out[rkey] = known[rkey]
                 continue
             self._progress = time.monotonic()
             try:
-                out[rkey] = GpuProof.from_json(self.storage.get_bytes(marker))
+                out[rkey] = parse(self.storage.get_bytes(marker))
             except FileNotFoundError:
-                continue  # deleted since the listing
+                continue  # removed since the listing
             except (ValueError, TypeError) as exc:
-                log.warning("skipping unreadable GPU proof %s: %s", marker, exc)
+                log.warning("skipping unreadable %s %s: %s", what, marker, exc)
         return out, stamps
-
-    def _yanks(self, keys: set[str]) -> dict[str, bool | str]:
-        """Record key -> reason of every yank marker (few, small, and changed by yanking: read
-        whole on each new generation)."""
-        out: dict[str, bool | str] = {}
-        for o in self.storage.list(YANKS):
-            rkey = yanked_record_key(o.key)
-            if rkey not in keys:
-                continue
-            self._progress = time.monotonic()
-            try:
-                out[rkey] = yank_reason(self.storage.get_bytes(o.key))
-            except FileNotFoundError:
-                continue  # unyanked since the listing
-        return out
 
     def _current(self) -> _View:
         self.maybe_refresh()

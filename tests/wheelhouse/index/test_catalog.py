@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from wheelhouse.index.layout import Record, quarantine_key, record_key
 from wheelhouse.index.publish import Checked, bump_generation, publish, publish_checked
 from wheelhouse.index.storage import (
     LocalStorage,
+    ObjectInfo,
     S3Storage,
     Storage,
     make_s3_client,
@@ -348,7 +350,11 @@ def test_a_restore_that_writes_the_marker_first_is_seen_by_the_next_whole_listin
         storage.put_bytes(key, data)
     assert catalog.files(base, FA) == []  # the marker has not changed: not listed yet
     time.sleep(reconcile)
-    assert catalog.files(base, FA) == [first]
+    # The reader that starts the whole listing does not wait for it; a later one sees it.
+    deadline = time.monotonic() + 10
+    while catalog.files(base, FA) != [first]:
+        assert time.monotonic() < deadline, "the whole listing never found the restore"
+        time.sleep(0.02)
     assert catalog.generation not in ("empty", marker) and catalog.generation.startswith(marker)
     # Listing it again finds nothing new: the same view, the same generation.
     seen = catalog.generation
@@ -357,7 +363,81 @@ def test_a_restore_that_writes_the_marker_first_is_seen_by_the_next_whole_listin
     assert catalog.generation == seen and catalog.files(base, FA) == [first]
 
 
+def test_no_reader_waits_for_a_whole_listing_under_an_unchanged_marker(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """A whole listing finds only what a restore brought: the reader that starts one reads the
+    current view at once, while a new marker (a publication) is still waited for."""
+    base = parse_variant("torch2.8-cu128")
+    first = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    gated = _Listings(storage)
+    catalog = Catalog(gated, refresh_seconds=0, wait=5, reconcile_seconds=0)
+    assert catalog.files(base, FA) == [first]
+    gated.gate.clear()  # listings hang; the marker is still read
+    started = time.monotonic()
+    assert catalog.files(base, FA) == [first]
+    assert time.monotonic() - started < 2, "the reader waited for a whole listing"
+    gated.gate.set()
+    catalog.refresh()  # whoever asks to wait does
+
+    second = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.3")
+    catalog = Catalog(gated, refresh_seconds=0, wait=5, reconcile_seconds=3600)
+    assert catalog.files(base, FA) == [first, second]
+    third = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.4")
+    # A new marker: the reader that starts the refresh waits for it (up to ``wait``).
+    assert catalog.files(base, FA) == [first, second, third]
+
+
+def test_a_whole_listing_reads_only_the_markers_that_changed(
+    storage: Storage, tmp_path: Path
+) -> None:
+    """Yank markers (like proofs) are read again only when their stamp changed: a rewritten
+    reason is seen, an unchanged marker is not fetched on every whole listing."""
+    base = parse_variant("torch2.8-cu128")
+    rec = _publish(storage, tmp_path, "torch2.8-cu128", "2.8.2")
+    marker = rec.yank_key
+    storage.put_bytes(marker, b'{"reason": "broken"}')
+    bump_generation(storage)
+    counted = _Counted(storage)
+    catalog = Catalog(counted, refresh_seconds=0, reconcile_seconds=0)
+    assert catalog.files(base, FA)[0].yanked == "broken"
+    for _ in range(3):
+        catalog.refresh()
+    assert counted.reads[marker] == 1
+    time.sleep(0.05)  # a local file's time is precise; S3's ETag changes with the bytes
+    storage.put_bytes(marker, b'{"reason": "miscompiled"}')
+    catalog.refresh()
+    assert counted.reads[marker] == 2
+    assert catalog.files(base, FA)[0].yanked == "miscompiled"
+    assert catalog.generation.endswith("+1")  # found by a whole listing, under its own name
+
+
 # --- storage trouble: readers never wait, stale beats down ------------------------------------
+
+
+class _Listings(ForwardingStorage):
+    """A real storage whose listings (not reads) block while the gate is closed."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        assert self.gate.wait(60), "the test never reopened the gate"
+        return super().list(prefix)
+
+
+class _Counted(ForwardingStorage):
+    """A real storage that counts reads of each key."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.reads: Counter[str] = Counter()
+
+    def get_bytes(self, key: str) -> bytes:
+        self.reads[key] += 1
+        return super().get_bytes(key)
 
 
 class _Gated(ForwardingStorage):
