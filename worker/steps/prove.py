@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, fields
@@ -62,7 +63,11 @@ def gpu_devices(dev: Path = _DEV) -> list[Path]:
     ``/dev/nvidia-uvm``, ...): character devices, never links; none without a GPU."""
     found = []
     for path in sorted(dev.glob("nvidia*")):
-        if path.is_char_device() and not path.is_symlink():
+        try:
+            mode = os.lstat(path).st_mode  # one look, of the entry itself: a link is no node
+        except OSError:
+            continue  # gone since the listing
+        if stat.S_ISCHR(mode):
             found.append(path)
     return found
 
