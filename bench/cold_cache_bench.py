@@ -8,7 +8,9 @@ is ``pip wheel --no-build-isolation`` through torch's ``cpp_extension``/ninja, w
 environment (MAX_JOBS, arch, toolkit) either way; "cached" runs go through
 ``worker.compilecache.CompileCache.wrap`` with a fresh, empty disk cache each time: what a
 project's first build on a new CUDA line pays. Prints each pair's ratio, the mean ratio and its
-spread, and sccache's own time split (compiler, cache writes) for the cached runs.
+spread, and sccache's own time split for the cached runs: its statistics' durations, and from
+its server's debug log the time spent on hash keys (preprocessing each step and hashing it), on
+the compile steps, and on packing and writing entries (:func:`split`).
 
 With ``--resume-at 0.9`` it then starts a cached build with an empty cache, kills its whole
 process group once ninja has finished that fraction of its steps (a worker dying at 90%), and
@@ -76,6 +78,8 @@ class Run:
     misses: int = 0
     durations: dict[str, float] = field(default_factory=dict)
     """sccache's own time accounting, in seconds (cached runs)."""
+    split: dict[str, float] = field(default_factory=dict)
+    """Where the cached run's sccache time went, from its server's debug log (:func:`split`)."""
 
 
 def _durations(stats_file: Path) -> dict[str, float]:
@@ -89,6 +93,35 @@ def _durations(stats_file: Path) -> dict[str, float]:
         if key.endswith("duration") and isinstance(value, dict):
             out[key] = round(value.get("secs", 0) + value.get("nanos", 0) / 1e9, 2)
     return out
+
+
+#: sccache's debug timings (0.16.0): ``[k.o]: generate_hash_key took 0.056 s``, ``[k.ptx]: Compiled
+#: in 0.120 s, storing in cache``, ``[k.o]: Compiled in 0.621 s, but not cacheable`` (the outer
+#: nvcc call, whose steps are the cacheable compiles), ``Cache write finished in``, ``Created cache
+#: artifact in``.
+SCCACHE_TIMING = re.compile(
+    r"\]: (generate_hash_key took|Compiled in|Cache write finished in|Created cache artifact in) "
+    r"([\d.]+) s(, but not cacheable)?")
+
+
+def split(log: Path) -> dict[str, float]:
+    """A cached run's sccache time, summed by kind from its server's debug log: ``hash_keys``
+    (preprocessing each compile and step, and hashing it: the work a cold cache adds), the
+    ``steps`` it ran as cacheable compiles (nvcc's work split up, and each C++ file through the
+    CXX launcher), ``nvcc_calls`` (each outer
+    nvcc call end to end: its steps and the gaps between them), ``artifacts`` and ``writes``
+    (packing and storing entries). Empty where the log has no timings (not at debug level)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for what, seconds, outer in SCCACHE_TIMING.findall(text):
+        kind = {"generate_hash_key took": "hash_keys", "Cache write finished in": "writes",
+                "Created cache artifact in": "artifacts"}.get(what)
+        kind = kind or ("nvcc_calls" if outer else "steps")
+        out[kind] = out.get(kind, 0.0) + float(seconds)
+    return {k: round(v, 2) for k, v in sorted(out.items())}
 
 
 #: ninja's progress line, which ``pip -v`` passes on: ``[12/40] /usr/local/cuda/bin/nvcc ...``.
@@ -120,7 +153,7 @@ def build(round_: int, cached: bool, python: Path, src: Path, work: Path, *, nvc
         runtime = work / f"runtime-{name}"
         shutil.rmtree(runtime, ignore_errors=True)
         server = CompileCache(sccache, DiskBackend(cache), "cudaext", runtime,
-                              basedirs=[src.parent, site_packages(python)])
+                              basedirs=[src.parent, site_packages(python)], log_level="debug")
         argv = server.wrap(python, argv, nvcc=nvcc, path=path)
     log = work / f"{name}.log"
     log.unlink(missing_ok=True)
@@ -139,6 +172,7 @@ def build(round_: int, cached: bool, python: Path, src: Path, work: Path, *, nvc
         if stats is not None:
             run.hits, run.misses = stats.hits, stats.misses
             run.durations = _durations(server.stats_file)
+            run.split = split(server.log)
         elif kill_at is None:  # a killed build's wrapper writes none
             raise SystemExit(f"{name}: sccache left no statistics")
     print(json.dumps(asdict(run)), file=sys.stderr, flush=True)
@@ -208,7 +242,7 @@ def main() -> int:
         plain = next(r for r in runs if r.round == i and not r.cached)
         cached = next(r for r in runs if r.round == i and r.cached)
         print(f"{i:>5} {plain.seconds:>8.1f} {cached.seconds:>12.1f} {ratio:>6.3f}  "
-              f"{cached.durations}")
+              f"{cached.durations} {cached.split}")
     print(f"mean {result['mean']:.3f}x (min {result['min']:.3f}, max {result['max']:.3f}, "
           f"stdev {result['stdev']:.3f})")
     if "resume" in result:

@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.cold_cache_bench import Run, _durations, summary  # noqa: E402
+from bench.cold_cache_bench import Run, _durations, split, summary  # noqa: E402
 from bench.sccache_bench import site_packages  # noqa: E402
 from wheelhouse.recipes.book import load_recipe  # noqa: E402
 from wheelhouse.recipes.patches import apply_patches  # noqa: E402
@@ -286,7 +286,8 @@ def cold_cache(rounds: int, python: Path, sdist: Path, work: Path, env: dict[str
                 cache = top / f"cache-{name}"  # fresh and empty: a cold build
                 runtime = top / f"runtime-{name}"
                 server = CompileCache(sccache, DiskBackend(cache), project, runtime,
-                                      basedirs=[cached_src.parent, site_packages(python)])
+                                      basedirs=[cached_src.parent, site_packages(python)],
+                                      log_level="debug")
                 argv = server.wrap(python, ninja_argv(cached_ninja, cached_target), nvcc=nvcc,
                                    path=env["PATH"])
                 result = compile_one(name, cached_ninja, cached_target, env, argv)
@@ -294,7 +295,8 @@ def cold_cache(rounds: int, python: Path, sdist: Path, work: Path, env: dict[str
                 if stats is None:
                     raise SystemExit(f"{name}: sccache left no statistics (see {server.log})")
                 run = Run(round=i, cached=True, seconds=result.seconds, hits=stats.hits,
-                          misses=stats.misses, durations=_durations(server.stats_file))
+                          misses=stats.misses, durations=_durations(server.stats_file),
+                          split=split(server.log))
                 # One nvcc compile, cold: sccache counts it as one CUDA miss, plus the device
                 # code, PTX and CUBIN steps it splits nvcc's work into (one miss each).
                 if stats.hits or stats.errors or stats.misses_by_language.get("CUDA") != 1:
@@ -409,7 +411,7 @@ def main() -> int:
             p = next(r for r in cold["runs"] if r["round"] == i and not r["cached"])
             c = next(r for r in cold["runs"] if r["round"] == i and r["cached"])
             print(f"{i:>5} {p['seconds']:>8.1f} {c['seconds']:>12.1f} {ratio:>6.3f} "
-                  f"{c['misses']:>6}  {c['durations']}")
+                  f"{c['misses']:>6}  {c['durations']} {c['split']}")
         print(f"mean {cold['mean']:.3f}x (min {cold['min']:.3f}, max {cold['max']:.3f}, "
               f"stdev {cold['stdev']:.3f})")
     if args.json:

@@ -185,6 +185,9 @@ class CompileCache:
     tools_dir: Path | None = None
     """Where the worker writes the launchers: a directory the build can read but never write
     (mounted read-only); by default ``runtime_dir``'s sibling ``<name>-tools``."""
+    log_level: str = "warn"
+    """The server's ``SCCACHE_LOG``, written to :attr:`log`: "warn" for builds; the benches ask
+    for "debug", whose per-step timings (hash keys, compiles, cache writes) split its time."""
 
     @property
     def tools(self) -> Path:
@@ -252,7 +255,8 @@ class CompileCache:
         payload = {
             "sccache": str(self.sccache), "socket": str(self.runtime_dir / "sccache.sock"),
             "server_env": self.server_env(), "client_env": self.client_env(nvcc=nvcc, path=path),
-            "log": str(self.log), "stats": str(self.stats_file), "mark": SERVER_MARK,
+            "log": str(self.log), "log_level": self.log_level, "stats": str(self.stats_file),
+            "mark": SERVER_MARK,
             "describe": self.describe(), "argv": list(argv),
         }
         return [str(python), "-I", "-c", WRAPPER, json.dumps(payload)]

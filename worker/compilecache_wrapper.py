@@ -42,7 +42,7 @@ def main(argv: list[str]) -> int:
     client = dict(os.environ, SCCACHE_SERVER_UDS=sock)
     server_env = dict(client, **p["server_env"])
     server_env.update(SCCACHE_START_SERVER="1", SCCACHE_NO_DAEMON="1", SCCACHE_IDLE_TIMEOUT="0",
-                      SCCACHE_ERROR_LOG=p["log"], SCCACHE_LOG="warn")
+                      SCCACHE_ERROR_LOG=p["log"], SCCACHE_LOG=p.get("log_level", "warn"))
     server_env[p["mark"]] = "1"
     stats = [sccache, "--show-stats", "--stats-format=json"]
 
