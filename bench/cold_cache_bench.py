@@ -102,24 +102,25 @@ def _durations(stats_file: Path) -> dict[str, float]:
 SCCACHE_TIMING = re.compile(
     r"\]: (generate_hash_key took|Compiled in|Cache write finished in|Created cache artifact in) "
     r"([\d.]+) s(, but not cacheable)?")
+#: :data:`SCCACHE_TIMING`'s kinds, as :func:`split` names them (``Compiled in``: by its suffix).
+TIMING_KIND = {"generate_hash_key took": "hash_keys", "Cache write finished in": "writes",
+               "Created cache artifact in": "artifacts"}
 
 
 def split(log: Path) -> dict[str, float]:
     """A cached run's sccache time, summed by kind from its server's debug log: ``hash_keys``
     (preprocessing each compile and step, and hashing it: the work a cold cache adds), the
     ``steps`` it ran as cacheable compiles (nvcc's work split up, and each C++ file through the
-    CXX launcher), ``nvcc_calls`` (each outer
-    nvcc call end to end: its steps and the gaps between them), ``artifacts`` and ``writes``
-    (packing and storing entries). Empty where the log has no timings (not at debug level)."""
+    CXX launcher), ``nvcc_calls`` (each outer nvcc call end to end: its steps and the gaps
+    between them), ``artifacts`` and ``writes`` (packing and storing entries). Empty where the
+    log has no timings (not at debug level)."""
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return {}
     out: dict[str, float] = {}
     for what, seconds, outer in SCCACHE_TIMING.findall(text):
-        kind = {"generate_hash_key took": "hash_keys", "Cache write finished in": "writes",
-                "Created cache artifact in": "artifacts"}.get(what)
-        kind = kind or ("nvcc_calls" if outer else "steps")
+        kind = TIMING_KIND.get(what) or ("nvcc_calls" if outer else "steps")
         out[kind] = out.get(kind, 0.0) + float(seconds)
     return {k: round(v, 2) for k, v in sorted(out.items())}
 

@@ -69,7 +69,7 @@ from bench.sccache_bench import site_packages  # noqa: E402
 from wheelhouse.recipes.book import load_recipe  # noqa: E402
 from wheelhouse.recipes.patches import apply_patches  # noqa: E402
 from wheelhouse.variants import Variant  # noqa: E402
-from worker.buildenv import library_headers  # noqa: E402
+from worker.buildenv import library_header_env  # noqa: E402
 from worker.compilecache import NO_WRAPPER, CompileCache, DiskBackend, find_sccache  # noqa: E402
 
 MiB = 1 << 20
@@ -355,10 +355,7 @@ def main() -> int:
                 "PATH": f"{args.cuda_home}/bin:{env.get('PATH', os.defpath)}"})
     # torch's cuBLAS/cuSPARSE headers from its nvidia-* wheels, as the worker gives every build
     # (a toolkit without them fails on ATen/cuda's includes: torch-scatter's kernels).
-    headers = library_headers(python.parent.parent)
-    if headers:
-        for var in ("CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH"):
-            env[var] = os.pathsep.join(str(h) for h in headers)
+    env.update(library_header_env(python.parent.parent))
 
     trees = [("patched", True)] + ([] if args.skip_unpatched else [("unpatched", False)])
     results: list[Compile] = []

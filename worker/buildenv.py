@@ -98,13 +98,16 @@ def compile_env(workspace: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJo
         # compile on its own; the compile cache is the worker's choice (worker.compilecache).
         "TORCH_NO_COMPILER_WRAPPER": "1",
     })
-    headers = library_headers(venv_bin.parent)
-    if headers:
-        # After -I (so the toolkit's own headers win), for the host compiler and nvcc alike.
-        for var in ("CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH"):
-            env[var] = os.pathsep.join(str(h) for h in headers)
+    env.update(library_header_env(venv_bin.parent))
     env.update(recipe.environment(variant, max_jobs=jobs.jobs))
     return env
+
+
+def library_header_env(venv: Path) -> dict[str, str]:
+    """:func:`library_headers` as system include directories: after ``-I`` (so a toolkit's own
+    headers win), for the host compiler and nvcc alike; nothing where torch's wheels have none."""
+    headers = os.pathsep.join(str(h) for h in library_headers(venv))
+    return {var: headers for var in ("CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH")} if headers else {}
 
 
 def library_headers(venv: Path) -> list[Path]:
