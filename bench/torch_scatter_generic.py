@@ -12,8 +12,16 @@ directory. Afterwards this script reads the published wheel itself and checks th
 libraries hold SASS for the arch, and reports wall time, the peak memory of the whole process
 tree (sampled every 0.5 s here, and as the build measured it) and what the record says.
 
-    python bench/torch_scatter_generic.py [--arch sm80] [--workdir DIR] [--json out.json]
-                                          [--recipe-dir DIR] [--no-compile-cache]
+    python bench/torch_scatter_generic.py [--arch sm80] [--python 3.11] [--workdir DIR]
+                                          [--json out.json] [--recipe-dir DIR]
+                                          [--no-compile-cache] [--cache-log debug]
+
+``--cache-log debug`` runs the build's sccache server at debug level
+(``WHEELHOUSE_COMPILE_CACHE_LOG``) and keeps its workspace, whose ``sccache.log`` this script
+then reads for the cache's time split (``bench/cold_cache_bench.py``'s ``split``: hash keys,
+steps, nvcc calls, writes), summed over every compile of the build, the concurrent ones too.
+Another ``--python`` in the same ``--workdir`` reuses that work directory's compile cache (the
+build for a second Python).
 
 Exit status 0 only when the build published a wheel whose CUDA kernel libraries hold SASS for
 that arch. ``--check WHEEL`` only checks a wheel built before.
@@ -35,10 +43,15 @@ from typing import Any
 
 import psutil
 
-from wheelhouse.config import Config
-from wheelhouse.index.catalog import Catalog
-from wheelhouse.index.storage import open_storage
-from worker.devicecode import wheel_device_code
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.cold_cache_bench import split  # noqa: E402
+from wheelhouse.config import Config  # noqa: E402
+from wheelhouse.index.catalog import Catalog  # noqa: E402
+from wheelhouse.index.storage import open_storage  # noqa: E402
+from worker.devicecode import wheel_device_code  # noqa: E402
 
 TORCH_FIND_LINKS = os.environ.get("WHEELHOUSE_TEST_TORCH_FIND_LINKS", "/opt/pypi-more/files")
 MIB = 1024 * 1024
@@ -104,6 +117,8 @@ def main() -> int:
                         help="a directory of recipes searched first (WHEELHOUSE_RECIPE_DIRS)")
     parser.add_argument("--no-compile-cache", action="store_true",
                         help="build without the compile cache (WHEELHOUSE_COMPILE_CACHE=false)")
+    parser.add_argument("--cache-log", default="warn",
+                        help="the build's sccache log level; debug: split its time")
     parser.add_argument("--check", type=Path, metavar="WHEEL",
                         help="only check an already built wheel's device code")
     args = parser.parse_args()
@@ -117,13 +132,19 @@ def main() -> int:
     config = Config(storage=str(work / "data"), workspace=str(work / "work"),
                     torch_index_url="", torch_find_links=TORCH_FIND_LINKS,
                     recipe_dirs=str(args.recipe_dir or ""),
-                    compile_cache=not args.no_compile_cache)
+                    compile_cache=not args.no_compile_cache,
+                    compile_cache_log=args.cache_log)
     env = {k: v for k, v in os.environ.items() if not k.startswith("WHEELHOUSE_")}
     env.update(config.to_env())
     wheelhouse = shutil.which("wheelhouse") or "wheelhouse"
     argv = [wheelhouse, "build", f"torch-scatter=={args.version}", "--torch", "2.14",
             "--cuda", "13.0", "--python", args.python, "--arch", args.arch,
             "--timeout", str(args.timeout)]
+    # Only the log of this build: an earlier one kept in the same work directory is not it.
+    splitting = args.cache_log == "debug" and not args.no_compile_cache
+    kept = set((work / "work").glob("*/sccache/sccache.log"))
+    if splitting:
+        argv.append("--keep-workspace")
     print("$ " + " ".join(argv), flush=True)
     print(f"workdir {work}; load average {os.getloadavg()[0]:.1f}; "
           f"{psutil.cpu_count()} cores", flush=True)
@@ -167,6 +188,10 @@ def main() -> int:
                        if build.compile_cache else None,
                        "patches": [p.ref for p in build.patches or ()]},
         })
+    if splitting:
+        logs = sorted(set((work / "work").glob("*/sccache/sccache.log")) - kept)
+        result["cache_split"] = split(logs[-1]) if logs else {}
+        result["cache_log"] = str(logs[-1]) if logs else None
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -310,6 +310,9 @@ class Config:
     compile_cache_max_gib: float = 20.0
     """Most one project's compile cache (per CUDA version) holds, on a worker and in storage."""
 
+    compile_cache_log: str = "warn"
+    """sccache's log level in a build (error, warn, info, debug, trace); debug times each step."""
+
     toolkit_wheels: bool = True
     """Provision CUDA 13.x toolkits from NVIDIA's wheels (12.x wheels hold no nvcc)."""
 
@@ -431,6 +434,15 @@ class Config:
                      for n in (p.strip() for p in self.cache_projects.split(",")) if n)
 
     @functools.cached_property
+    def compile_cache_log_level(self) -> str:
+        """``compile_cache_log``: one of sccache's log levels (its ``SCCACHE_LOG``)."""
+        level = self.compile_cache_log.strip().lower()
+        if level not in COMPILE_CACHE_LOG_LEVELS:
+            raise ValueError(f"{self.compile_cache_log!r} is not one of "
+                             f"{', '.join(COMPILE_CACHE_LOG_LEVELS)}")
+        return level
+
+    @functools.cached_property
     def extra_recipe_dirs(self) -> tuple[Path, ...]:
         """``recipe_dirs``, first one first; the built-in recipes are searched after them."""
         return tuple(Path(d) for d in self.recipe_dirs.split(":") if d.strip())
@@ -442,12 +454,15 @@ class Config:
         return frozenset(canonicalize_name(n) for n in names)
 
 
+#: sccache's log levels, quietest first.
+COMPILE_CACHE_LOG_LEVELS = ("error", "warn", "info", "debug", "trace")
+
 #: Config's typed views, and the setting each reads.
 _VIEWS = {"unproven": "unproven_wheels", "prove_arch_list": "prove_archs",
           "read_auth": "auth", "build_rate": "rate_limit",
           "login_rate": "login_rate_limit",
           "upstream_routes": "upstream_rules", "cache_patterns": "cache_projects",
-          "extra_recipe_dirs": "recipe_dirs",
+          "extra_recipe_dirs": "recipe_dirs", "compile_cache_log_level": "compile_cache_log",
           "allowed_project_names": "allowed_projects"}
 
 _TRUE = {"1", "true", "yes", "on"}

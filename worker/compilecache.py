@@ -186,8 +186,10 @@ class CompileCache:
     """Where the worker writes the launchers: a directory the build can read but never write
     (mounted read-only); by default ``runtime_dir``'s sibling ``<name>-tools``."""
     log_level: str = "warn"
-    """The server's ``SCCACHE_LOG``, written to :attr:`log`: "warn" for builds; the benches ask
-    for "debug", whose per-step timings (hash keys, compiles, cache writes) split its time."""
+    """The server's ``SCCACHE_LOG``, written to :attr:`log`: builds take the worker's
+    ``compile_cache_log`` ("warn"); the benches ask for "debug", whose per-step timings (hash
+    keys, compiles, cache writes) split its time. The worker never reads the log: the build
+    writes it."""
 
     @property
     def tools(self) -> Path:

@@ -76,7 +76,8 @@ def test_environment_values_are_typed(var: str, raw: str, field: str, value: obj
 #: Settings that are parsed (Config's typed views) need a sample that parses.
 VALID = {"auth": ("token", "token"), "rate_limit": ("5/10", "5/10"),
          "login_rate_limit": ("5/10", "5/10"), "upstream_rules": ("a,b-*=https://x/", "a,b-*=https://x/"),
-         "unproven_wheels": ("hold", "hold"), "prove_archs": ("80,sm_90", "80,sm_90")}
+         "unproven_wheels": ("hold", "hold"), "prove_archs": ("80,sm_90", "80,sm_90"),
+         "compile_cache_log": ("debug", "debug")}
 
 
 @pytest.mark.parametrize("field", [f.name for f in FIELDS])
@@ -195,15 +196,19 @@ def test_settings_of_several_values_are_typed_once_and_fail_at_start() -> None:
                               "WHEELHOUSE_RATE_LIMIT": "3/600",
                               "WHEELHOUSE_UPSTREAM_RULES": "torch,nvidia-*=https://t/{cu}/",
                               "WHEELHOUSE_RECIPE_DIRS": "/a::/b",
-                              "WHEELHOUSE_ALLOWED_PROJECTS": "Flash_Attn, causal-conv1d"})
+                              "WHEELHOUSE_ALLOWED_PROJECTS": "Flash_Attn, causal-conv1d",
+                              "WHEELHOUSE_COMPILE_CACHE_LOG": " Debug"})
     assert (config.read_auth.mode, config.read_auth.user) == ("basic", "team")
     assert (config.build_rate.count, config.build_rate.seconds) == (3, 600)
     assert [(r.patterns, r.url) for r in config.upstream_routes] == [
         (("torch", "nvidia-*"), "https://t/{cu}/")]
     assert config.extra_recipe_dirs == (Path("/a"), Path("/b"))
     assert config.allowed_project_names == {"flash-attn", "causal-conv1d"}
+    assert config.compile_cache_log_level == "debug"
     for variable, bad, says in [("AUTH", "basic:nopassword", "basic:USER:PASSWORD"),
                                 ("LOGIN_RATE_LIMIT", "lots", "COUNT/SECONDS"),
-                                ("UPSTREAM_RULES", "no-url", "name,name-*=URL")]:
+                                ("UPSTREAM_RULES", "no-url", "name,name-*=URL"),
+                                # It becomes the build's SCCACHE_LOG: one of sccache's levels only.
+                                ("COMPILE_CACHE_LOG", "debug,sccache=trace", "error, warn, info")]:
         with pytest.raises(ValueError, match=f"WHEELHOUSE_{variable}: .*{re.escape(says)}"):
             Config.from_env({f"WHEELHOUSE_{variable}": bad})

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from packaging.metadata import Metadata
 
+from bench.cold_cache_bench import split
 from tests.helpers import run_console
 from tests.worker.conftest import CUDAEXT, build_config, make_sdist, require_nvcc
 from wheelhouse.builds.maxjobs import learned_job_peaks
@@ -50,7 +51,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     require_nvcc()
     tmp = tmp_path_factory.mktemp("built")
     sdist = make_sdist(CUDAEXT, tmp / "sdist", "cudaext", "0.1.0")
-    config = build_config(tmp)
+    # At sccache's debug level, as a bench asks for to split the cache's time.
+    config = build_config(tmp, compile_cache_log="debug")
     done = run_console("build", str(sdist), "--torch", "2.14", "--cuda", "13.0", "--python",
                        "3.11", "--arch", "sm80", "--timeout", "900", "--keep-workspace",
                        config=config, env=SECRETS, cwd=tmp, timeout=1200)
@@ -115,6 +117,16 @@ def test_the_record_says_what_the_build_measured(built: Built) -> None:
         assert deps["cuda-toolkit"] == f"pkg:generic/cuda-toolkit@{build.toolkit}"
         [code] = verified.predicate["runDetails"]["byproducts"]
         assert code["annotations"]["sass"] == ["80"]
+
+
+def test_a_debug_cache_log_times_the_builds_compiles(built: Built) -> None:
+    """``WHEELHOUSE_COMPILE_CACHE_LOG=debug`` reaches the build's sccache server: its log in
+    the kept workspace times each compile (what ``bench/torch_scatter_generic.py`` splits);
+    the worker itself never reads it, and the stored build log does not carry it."""
+    [log] = built.workdir.glob("*/sccache/sccache.log")
+    timings = split(log)
+    assert timings.get("hash_keys", 0) > 0 and timings.get("steps", 0) > 0, timings
+    assert "generate_hash_key" not in open_storage(built.config).get_bytes(log_key(SPEC)).decode()
 
 
 def test_the_log_is_stored_with_the_probe_first_and_no_secret(built: Built) -> None:

@@ -207,7 +207,8 @@ def open_cache(ctx: BuildContext, run: Runner, toolkit: ToolkitInfo) -> SharedCa
     shutil.copy2(sccache, inside)
     cache = compilecache.CompileCache(
         inside, backend, space, ctx.workspace / "sccache",
-        basedirs=[ctx.workspace, ctx.source_root], tools_dir=tools)
+        basedirs=[ctx.workspace, ctx.source_root], tools_dir=tools,
+        log_level=ctx.config.compile_cache_log_level)
     sandbox = run.sandbox
     owner = (sandbox.uid, sandbox.gid) if sandbox is not None and sandbox.as_root else None
     fetched, known = pull_cache_entries(ctx, cache, owner=owner, max_bytes=limit)
