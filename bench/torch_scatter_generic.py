@@ -105,6 +105,11 @@ def check_wheel(wheel: Path, arch: str) -> tuple[bool, dict[str, str]]:
     return ok, {name: code.describe() for name, code in found.items()}
 
 
+def cache_logs(work: Path) -> set[Path]:
+    """The sccache logs of the builds whose workspaces were kept in ``work``."""
+    return set((work / "work").glob("*/sccache/sccache.log"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", default="2.1.2")
@@ -141,8 +146,8 @@ def main() -> int:
             "--cuda", "13.0", "--python", args.python, "--arch", args.arch,
             "--timeout", str(args.timeout)]
     # Only the log of this build: an earlier one kept in the same work directory is not it.
-    splitting = args.cache_log == "debug" and not args.no_compile_cache
-    kept = set((work / "work").glob("*/sccache/sccache.log"))
+    splitting = config.compile_cache and config.compile_cache_log_level == "debug"
+    kept = cache_logs(work)
     if splitting:
         argv.append("--keep-workspace")
     print("$ " + " ".join(argv), flush=True)
@@ -189,9 +194,10 @@ def main() -> int:
                        "patches": [p.ref for p in build.patches or ()]},
         })
     if splitting:
-        logs = sorted(set((work / "work").glob("*/sccache/sccache.log")) - kept)
-        result["cache_split"] = split(logs[-1]) if logs else {}
-        result["cache_log"] = str(logs[-1]) if logs else None
+        new = sorted(cache_logs(work) - kept)  # one: this build's
+        log = new[0] if new else None
+        result["cache_split"] = split(log) if log else {}
+        result["cache_log"] = str(log) if log else None
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
