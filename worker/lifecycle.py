@@ -29,7 +29,14 @@ from redis.exceptions import RedisError
 from rq import Worker
 from rq.exceptions import NoSuchJobError
 
-from wheelhouse.builds.fleet import WorkerAd, advertise, build_id_prefix, live_workers, withdraw
+from wheelhouse.builds.fleet import (
+    WorkerAd,
+    advertise,
+    build_id_prefix,
+    live_workers,
+    withdraw,
+    workspaces_differ,
+)
 from wheelhouse.builds.job import BuildJob
 from wheelhouse.builds.meta import JobMeta
 from wheelhouse.builds.queue import BuildQueues, fetch_job
@@ -269,7 +276,8 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     say(sweep_stale(conn, config, name=name))
     say(f"listening on {', '.join(queues)}")
     ad = replace(caps.advert(name, started_at=time.time()), queues=queues,
-                 extra={"pid": os.getpid()})
+                 extra={"pid": os.getpid(),
+                        "workspace": str(Path(config.workspace).resolve())})
 
     def new_worker() -> BuildWorker:
         return BuildWorker(list(queues), name=name, **BuildQueues(conn).worker_kwargs())
@@ -281,6 +289,8 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     try:
         for job_id in requeue_abandoned(conn, queues, me=name):
             say(f"job {job_id} was abandoned by a dead worker; handed to RQ to retry")
+        if note := workspaces_differ(live_workers(conn)):
+            say(f"warning: {note}")
     except RedisError as exc:  # the heartbeat looks again at every beat
         say(f"abandoned-job check failed: {exc}")
     heartbeat.start()

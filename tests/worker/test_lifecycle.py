@@ -28,7 +28,7 @@ from tests.helpers import (
 )
 from tests.worker.conftest import CUDAEXT, make_sdist
 from wheelhouse.builds import queue as q
-from wheelhouse.builds.fleet import live_workers
+from wheelhouse.builds.fleet import ToolkitInfo, WorkerAd, advertise, live_workers, queues_for
 from wheelhouse.builds.job import JOB_FUNCTION
 from wheelhouse.builds.queue import BuildState, enqueue_build, get_build
 from wheelhouse.builds.spec import BuildSpec
@@ -158,8 +158,22 @@ def test_an_unverified_sdist_fails_in_one_line(redis_url: str, tmp_path: Path) -
                         worker_heartbeat_seconds=1)
         env = {"PATH": MINIMAL_PATH,
                "CUDA_HOME": str(fake_cuda_toolkit(tmp_path / "cuda-12.8", "12.8"))}
+        # A worker elsewhere, advertised by hand (it runs no builds: its queue is CUDA 13.0's).
+        toolkit = ToolkitInfo(cuda="13.0", home="/usr/local/cuda-13.0", nvcc="nvcc")
+        advertise(conn, WorkerAd(name="gpu-elsewhere", hostname="elsewhere", machine="x86_64",
+                                 cores=16, memory_bytes=1 << 37, toolkits=(toolkit,),
+                                 queues=queues_for(["13.0"], "x86_64"),
+                                 extra={"workspace": "/elsewhere/work"}), ttl=120)
         with run_worker(config, "nohash", log, "--cuda", "12.8", extra_env=env):
-            _wait(lambda: live_workers(conn), "the worker never advertised itself")
+            _wait(lambda: "nohash" in {w.name for w in live_workers(conn)},
+                  "the worker never advertised itself")
+            # Its workspace, resolved, for `wheelhouse workers` to compare across the fleet,
+            # and a warning at start: another live worker builds under another path.
+            [ad] = [w for w in live_workers(conn) if w.name == "nohash"]
+            assert ad.extra["workspace"] == str((tmp_path / "work").resolve())
+            _wait(lambda: "warning: workers build under different workspaces" in
+                  log.read_text(), "no warning about the other worker's workspace")
+            assert "/elsewhere/work: gpu-elsewhere" in log.read_text()
             job_id = enqueue_build(conn, spec).job_id
             _wait(lambda: (s := get_build(conn, job_id)) is not None and s.finished,
                   "the build never ended")

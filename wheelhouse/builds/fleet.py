@@ -176,6 +176,26 @@ def unavailable_reasons(workers: Iterable[WorkerAd]) -> dict[str, list[str]]:
     return reasons
 
 
+def workspaces_differ(workers: Iterable[WorkerAd]) -> str | None:
+    """One line when live workers build under different workspace paths (``extra``'s
+    ``workspace``; adverts without one are left out), else None.
+
+    Every build unpacks its sdist under the workspace, and sccache 0.16.0 hashes nvcc's
+    absolute source path: nvcc's cache entries then hit only between workers of one path (a
+    torch-scatter build resumed on a worker elsewhere compiled all its kernels again)."""
+    paths: dict[str, list[str]] = {}
+    for ad in workers:
+        path = ad.extra.get("workspace")
+        if isinstance(path, str) and path:
+            paths.setdefault(path, []).append(ad.name)
+    if len(paths) < 2:
+        return None
+    groups = "; ".join(f"{path}: {', '.join(sorted(names))}"
+                       for path, names in sorted(paths.items()))
+    return (f"workers build under different workspaces ({groups}): nvcc's compile cache "
+            "entries hit only between workers with the same WHEELHOUSE_WORKSPACE")
+
+
 def explain_unservable(conn: Redis, spec: BuildSpec) -> str | None:
     """None if a live worker serves ``spec``; else one line saying why not and what would."""
     workers = live_workers(conn)
