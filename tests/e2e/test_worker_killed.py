@@ -1,7 +1,8 @@
 """A worker SIGKILLed mid-build: on restart its orphans are gone, the job runs again once, and
 the index never lists a partial wheel (issue 4). The worker that takes the job over has a
-workspace of its own, empty, and S3 storage in common: what the dead one compiled and pushed
-while compiling comes back as cache hits, so the retry compiles only the rest (issue 31).
+workspace of its own, empty, at the same path (as every worker of a compose fleet), and S3
+storage in common: what the dead one compiled and pushed while compiling comes back as cache
+hits, so the retry compiles only the rest (issue 31).
 
 Sandboxed, the build dies with the worker (bubblewrap's ``--die-with-parent`` ends the sandbox's
 PID namespace, and the kernel everything in it). Unsandboxed, what writes to the build's output
@@ -119,10 +120,11 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
 
         _wait_for("no compiler started", compiling, 900, log)
         # Killed once the compile pushed some of its cache entries (every 30 s), and before it
-        # ended (the build is still running when the kill lands: asserted below).
+        # ended (the build is still running when the kill lands: asserted below). Six of the
+        # ten entries its whole compile stores: bindings.cpp's is one, so nvcc's steps are in.
         storage = open_storage(config)
-        _wait_for("no compile cache entry reached storage while compiling",
-                  lambda: any(True for _ in storage.list("sccache/cudaext/")), 300, log)
+        _wait_for("no compile cache entries of nvcc's reached storage while compiling",
+                  lambda: sum(1 for _ in storage.list("sccache/cudaext/")) >= 6, 300, log)
         # The worker, its work horse and its scheduler die at once, as with a lost host. The
         # build's own processes (those carrying its cookie) are what must be cleaned up.
         orphans = _carrying(cookie)
@@ -151,9 +153,12 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
     status = q.get_build(conn, job.job_id)
     assert status is not None and status.state is q.BuildState.BUILDING
 
-    # Another worker, as on another host: its own empty workspace, the same Redis and S3.
-    other = replace(config, workspace=str(Path(config.workspace).with_name("work-other")))
-    with run_worker(other, "restarted", log):
+    # Another worker, as on another host of the same fleet: its own empty workspace at the
+    # path every worker has (compose's /work; nvcc's cache entries hit only at one path), the
+    # same Redis and S3. The dead worker's workspace moves aside, its orphans still in it.
+    workspace = Path(config.workspace)
+    workspace.rename(workspace.with_name("work-dead-host"))
+    with run_worker(config, "restarted", log):
         # Its start-up sweep kills the dead build's orphans...
         _wait_for("orphans survived the restart",
                   lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -173,5 +178,8 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
         # those entries (a fresh bucket, an empty workspace).
         cache = status.build.compile_cache
         assert cache is not None and cache.hits > 0, (cache, log.read_text()[-3000:])
+        # nvcc's steps among them: the source lies at the same path on both workers (at
+        # another path sccache 0.16.0 would miss every one of them).
+        assert cache.hits_by_language.get("PTX", 0) > 0, cache
         # What its page shows (issue 31): the second attempt, with what it fetched first.
         assert status.attempt == 2 and cache.fetched > 0, (status.attempt, cache)
