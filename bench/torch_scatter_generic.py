@@ -51,7 +51,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.cold_cache_bench import split  # noqa: E402
-from tests.helpers import free_port, stop_group  # noqa: E402
+from tests.helpers import moto_s3_server, stop_group  # noqa: E402
 from wheelhouse.config import Config  # noqa: E402
 from wheelhouse.index import layout  # noqa: E402
 from wheelhouse.index.catalog import Catalog  # noqa: E402
@@ -229,20 +228,6 @@ def build(args: argparse.Namespace, work: Path, *, storage: str | None = None,
     return result
 
 
-@contextlib.contextmanager
-def s3_server() -> Iterator[str]:
-    """moto's S3 API in server mode on loopback (as the tests start it); yields its URL."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
 def bucket(endpoint: str, name: str) -> str:
     """A new, empty bucket on ``endpoint``; the storage URL of a prefix in it."""
     os.environ.update(S3_ENV)
@@ -254,7 +239,7 @@ def bucket(endpoint: str, name: str) -> str:
 def resume(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """A build killed at ``--resume-at`` of a full one's time, then built by another worker:
     its own empty workspace, the same S3 storage (what the dead one pushed while compiling)."""
-    with s3_server() as endpoint:
+    with moto_s3_server() as endpoint:
         full = args.full_seconds
         reference: dict[str, Any] | None = None
         if full is None:

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from tests.helpers import Listener, TLSFiles, free_port, make_tls_certs, wait_for_port
+from tests.helpers import (
+    Listener,
+    TLSFiles,
+    free_port,
+    make_tls_certs,
+    moto_s3_server,
+    wait_for_port,
+)
 from wheelhouse.config import Config
 from wheelhouse.index.storage import LocalStorage, S3Storage, Storage
 
@@ -136,15 +143,8 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSRedis]:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     """moto's S3 API in server mode over HTTP on loopback; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
+    with moto_s3_server() as url:
+        yield url
 
 
 @pytest.fixture

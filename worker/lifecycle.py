@@ -289,10 +289,13 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     try:
         for job_id in requeue_abandoned(conn, queues, me=name):
             say(f"job {job_id} was abandoned by a dead worker; handed to RQ to retry")
-        if note := workspaces_differ(live_workers(conn)):
-            say(f"warning: {note}")
     except RedisError as exc:  # the heartbeat looks again at every beat
         say(f"abandoned-job check failed: {exc}")
+    try:
+        if note := workspaces_differ(live_workers(conn)):
+            say(f"warning: {note}")
+    except RedisError as exc:  # only a warning: the worker works without it
+        say(f"workspace check failed: {exc}")
     heartbeat.start()
     try:
         while True:

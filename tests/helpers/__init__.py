@@ -9,6 +9,7 @@ from tests.helpers.net import (
     QuietHandler,
     free_port,
     host_addresses,
+    moto_s3_server,
     serve_http,
     simple_index,
     wait_for_port,
@@ -38,7 +39,8 @@ __all__ = [
     "HOST_NETWORK_ENV", "MINIMAL_PATH", "SDIST_CACHE", "IndexURL", "Listener", "QuietHandler",
     "RedisProcess", "TLSFiles", "build_job", "clean_env", "config_env", "console_script",
     "fake_cuda_toolkit", "free_port", "group_gone", "host_addresses", "make_tls_certs",
-    "make_venv", "make_wheel", "metadata_bomb", "own_session", "plant_job", "pypi_sdist",
+    "make_venv", "make_wheel", "metadata_bomb", "moto_s3_server", "own_session", "plant_job",
+    "pypi_sdist",
     "run_console", "run_worker", "serve_http", "simple_index", "start_index", "stop_group",
     "wait_for_port", "wait_until",
 ]

@@ -21,6 +21,21 @@ if TYPE_CHECKING:
 
 
 
+@contextlib.contextmanager
+def moto_s3_server() -> Iterator[str]:
+    """moto's S3 API in server mode over HTTP on loopback, until the block ends; yields its
+    endpoint URL (the tests' ``s3_server`` fixture, the benches)."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
