@@ -30,7 +30,8 @@ that time with its whole process group (the sandbox dies with it) while the work
 its finished cache entries every 30 s, and then another worker's build: an empty workspace at
 the same path, as every worker of a compose fleet has (``WHEELHOUSE_WORKSPACE=/work``), which
 pulls what the dead one pushed. ``--other-path`` puts that workspace at another path instead
-(sccache 0.16.0 hashes nvcc's absolute source path, so there only the C++ can hit).
+(sccache 0.16.0 hashes nvcc's absolute source path; a sandboxed build sees its source at
+``/wheelhouse/src`` whatever the workspace, so nvcc's steps hit there too).
 
     python bench/torch_scatter_generic.py --resume-at 0.9 [--full-seconds S] [--other-path]
 
@@ -254,8 +255,8 @@ def resume(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if not killed["killed"]:
             raise SystemExit("the build ended before it was killed")
         # Another host, configured as the first (compose gives every worker the same
-        # WHEELHOUSE_WORKSPACE): the same path, empty. sccache 0.16.0 hashes nvcc's absolute
-        # source path, so with --other-path (a worker elsewhere) only the C++ can hit.
+        # WHEELHOUSE_WORKSPACE): the same path, empty; with --other-path, a worker elsewhere
+        # (its sandboxed build still sees the source at /wheelhouse/src).
         if args.other_path:
             other = work / "other-worker"
         else:

@@ -21,7 +21,7 @@ import click
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidSdistFilename, parse_sdist_filename
 
-from wheelhouse.builds.fleet import live_workers, workspaces_differ
+from wheelhouse.builds.fleet import live_workers, source_paths_differ
 from wheelhouse.builds.sourcedir import pack_directory
 from wheelhouse.builds.spec import BuildSpec
 from wheelhouse.cli.main import pass_config, storage_option
@@ -225,7 +225,7 @@ def workers_command(config: Config, as_json: bool, this_host: bool) -> None:
                    f"queues {' '.join(ad.queues)}  {job}  beat {now - ad.heartbeat_at:.0f}s ago")
         for cuda, why in sorted(ad.unavailable.items()):
             click.echo(f"  not offered: CUDA {cuda}: {why}")
-    if note := workspaces_differ(ads):
+    if note := source_paths_differ(ads):
         click.echo(f"warning: {note}")
 
 

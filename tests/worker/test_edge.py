@@ -157,7 +157,10 @@ def test_a_build_that_hides_a_big_file_by_unlinking_it_is_too_large(tmp_path: Pa
     storage = open_storage(config)
     src = tmp_path / "cext-src"
     shutil.copytree(FIXTURES / "cext", src)
-    (src / "build-options.json").write_text(json.dumps({"hold_unlinked_mib": 256}))
+    # The file's name carries this test's marker: the sandbox's processes see the source tree
+    # at /wheelhouse/src, so that is the path their descriptors' link text names.
+    (src / "build-options.json").write_text(json.dumps({"hold_unlinked_mib": 256,
+                                                        "hold_marker": tmp_path.name}))
     sdist = make_sdist(src, tmp_path / "sdist", "cext", "0.1.0")
     home = fake_cuda_toolkit(tmp_path / "cuda-13.0", "13.0")
     toolkit = ToolkitInfo(cuda="13.0", home=str(home), nvcc=str(home / "bin" / "nvcc"),
@@ -198,8 +201,8 @@ def test_a_build_that_hides_a_big_file_by_unlinking_it_is_too_large(tmp_path: Pa
 
 
 def _holders(marker: str) -> list[str]:
-    """Descriptors of any host process that hold an unlinked ``held.bin`` whose path names
-    ``marker`` (this test's directory), found by their link text."""
+    """Descriptors of any host process that hold an unlinked ``held-<marker>.bin`` (``marker``:
+    this test's directory's name), found by their link text."""
     found = []
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
@@ -211,6 +214,6 @@ def _holders(marker: str) -> list[str]:
                 target = os.readlink(fd)
             except OSError:
                 continue
-            if target.endswith("held.bin (deleted)") and marker in target:
+            if target.endswith(f"/held-{marker}.bin (deleted)"):
                 found.append(f"{fd}: {target}")
     return found

@@ -163,17 +163,18 @@ def test_an_unverified_sdist_fails_in_one_line(redis_url: str, tmp_path: Path) -
         advertise(conn, WorkerAd(name="gpu-elsewhere", hostname="elsewhere", machine="x86_64",
                                  cores=16, memory_bytes=1 << 37, toolkits=(toolkit,),
                                  queues=queues_for(["13.0"], "x86_64"),
-                                 extra={"workspace": "/elsewhere/work"}), ttl=120)
+                                 extra={"source_path": "/elsewhere/work/src"}), ttl=120)
         with run_worker(config, "nohash", log, "--cuda", "12.8", extra_env=env):
             _wait(lambda: "nohash" in {w.name for w in live_workers(conn)},
                   "the worker never advertised itself")
-            # Its workspace, resolved, for `wheelhouse workers` to compare across the fleet,
-            # and a warning at start: another live worker builds under another path.
+            # Where its (sandboxed) builds see their sources, for `wheelhouse workers` to
+            # compare across the fleet, and a warning at start: another live worker's (an
+            # unsandboxed one's) builds see theirs elsewhere.
             [ad] = [w for w in live_workers(conn) if w.name == "nohash"]
-            assert ad.extra["workspace"] == str((tmp_path / "work").resolve())
-            _wait(lambda: "warning: workers build under different workspaces" in
-                  log.read_text(), "no warning about the other worker's workspace")
-            assert "/elsewhere/work: gpu-elsewhere" in log.read_text()
+            assert ad.extra["source_path"] == "/wheelhouse/src"
+            _wait(lambda: "warning: workers' builds see their sources at different paths" in
+                  log.read_text(), "no warning about the other worker's source path")
+            assert "/elsewhere/work/src: gpu-elsewhere" in log.read_text()
             job_id = enqueue_build(conn, spec).job_id
             _wait(lambda: (s := get_build(conn, job_id)) is not None and s.finished,
                   "the build never ended")

@@ -176,24 +176,26 @@ def unavailable_reasons(workers: Iterable[WorkerAd]) -> dict[str, list[str]]:
     return reasons
 
 
-def workspaces_differ(workers: Iterable[WorkerAd]) -> str | None:
-    """One line when live workers build under different workspace paths (``extra``'s
-    ``workspace``; adverts without one are left out), else None.
+def source_paths_differ(workers: Iterable[WorkerAd]) -> str | None:
+    """One line when live workers' builds see their sources at different paths (``extra``'s
+    ``source_path``; adverts without one are left out), else None.
 
-    Every build unpacks its sdist under the workspace, and sccache 0.16.0 hashes nvcc's
-    absolute source path: nvcc's cache entries then hit only between workers of one path (a
-    torch-scatter build resumed on a worker elsewhere compiled all its kernels again)."""
+    sccache 0.16.0 hashes the absolute source path nvcc hands cicc, so nvcc's cache entries hit
+    only between builds that saw their source at one path: every sandboxed build sees it at
+    ``/wheelhouse/src``, an unsandboxed one under its worker's workspace (a torch-scatter build
+    resumed at another path compiled all its kernels again)."""
     paths: dict[str, list[str]] = {}
     for ad in workers:
-        path = ad.extra.get("workspace")
+        path = ad.extra.get("source_path")
         if isinstance(path, str) and path:
             paths.setdefault(path, []).append(ad.name)
     if len(paths) < 2:
         return None
     groups = "; ".join(f"{path}: {', '.join(sorted(names))}"
                        for path, names in sorted(paths.items()))
-    return (f"workers build under different workspaces ({groups}): nvcc's compile cache "
-            "entries hit only between workers with the same WHEELHOUSE_WORKSPACE")
+    return (f"workers' builds see their sources at different paths ({groups}): nvcc's compile "
+            "cache entries hit only between workers of one path (sandboxed builds all see "
+            "/wheelhouse/src; unsandboxed ones <WHEELHOUSE_WORKSPACE>/src)")
 
 
 def explain_unservable(conn: Redis, spec: BuildSpec) -> str | None:

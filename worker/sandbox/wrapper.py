@@ -9,7 +9,9 @@ An sdist is arbitrary code. Everything that runs it (metadata preparation, the b
   the namespace's init dies the kernel kills everything in it;
 - its own mount namespace on an empty root: the system directories (``/usr``, ``/etc``, ...)
   read-only, the paths of :class:`Layout` read-only or writable at the same place as outside (a
-  venv's scripts carry absolute paths), a minimal ``/dev`` without GPU devices, and size-capped
+  venv's scripts carry absolute paths) except the build's source, which every build sees at
+  :data:`SOURCE_INSIDE` (the compile cache's keys hold nvcc's absolute source path), a minimal
+  ``/dev`` without GPU devices, and size-capped
   private ``/tmp`` and ``/dev/shm``. The worker's home, credentials, configuration, the storage
   directory and the rest of the workspace root are not mounted at all;
 - its own network namespace with only a loopback of its own (unless ``network=True``), and its own
@@ -66,6 +68,12 @@ _DROP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
 _CHECK_TIMEOUT = 60.0
 _MAX_LINKS = 40  # as the kernel's own limit on links followed in one lookup
 
+SOURCE_INSIDE = Path("/wheelhouse/src")
+"""Where every sandboxed build sees its source path (``<workspace root>/src/<project>-<version>``
+outside), on every host, whatever its ``WHEELHOUSE_WORKSPACE``: sccache 0.16.0 hashes the
+absolute source path nvcc hands cicc, so nvcc's cache entries hit between hosts only where this
+path is the same (docs/compiling.md)."""
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -86,17 +94,34 @@ class Layout:
     devices: tuple[Path, ...] = ()
     """Host device nodes added to the sandbox's own ``/dev`` (a GPU proof's ``/dev/nvidia*``):
     character devices only, never links."""
+    moved: tuple[tuple[Path, Path], ...] = ()
+    """(outside, inside) pairs: a read-only or writable path at or below ``outside`` is mounted
+    at the same place below ``inside`` (the build's source at :data:`SOURCE_INSIDE`)."""
 
     @classmethod
     def in_workspace(cls, workspace: Path, *, read_only: Iterable[Path] = (),
-                     writable: Iterable[Path] = (), devices: Iterable[Path] = ()) -> Layout:
+                     writable: Iterable[Path] = (), devices: Iterable[Path] = (),
+                     moved: Iterable[tuple[Path, Path]] = ()) -> Layout:
         """The build's ``HOME`` and ``TMPDIR`` in ``workspace/home`` and ``workspace/tmp``."""
         return cls(home=workspace / "home", tmp=workspace / "tmp",
-                   read_only=tuple(read_only), writable=tuple(writable), devices=tuple(devices))
+                   read_only=tuple(read_only), writable=tuple(writable), devices=tuple(devices),
+                   moved=tuple(moved))
 
     @property
     def all_writable(self) -> tuple[Path, ...]:
         return (self.home, self.tmp, *self.writable)
+
+    def inside(self, path: Path) -> Path:
+        """Where the sandboxed program sees ``path`` (a path outside)."""
+        return seen_at(path, self.moved)
+
+
+def seen_at(path: Path, moved: Iterable[tuple[Path, Path]]) -> Path:
+    """Where ``path`` (outside) is inside a sandbox whose :attr:`Layout.moved` is ``moved``."""
+    for outside, there in moved:
+        if path.is_relative_to(outside):
+            return there / path.relative_to(outside)
+    return path
 
 
 #: Every directory a build can write, named relative to the places it lies in (``{build}``: the
@@ -129,6 +154,15 @@ def writable_place(path: Path, *, build: Path, source: Path, cache: Path) -> str
         return "{cache}/<project>/cu<cuda>"
     raise SandboxUnavailable(f"{path} is not a registered build-writable place "
                              "(worker.sandbox.wrapper.BUILD_WRITABLE)")
+
+
+def source_path(config: Config) -> Path:
+    """Where this worker's builds see the directory their sources are unpacked in (what its
+    advert says, :func:`wheelhouse.builds.fleet.source_paths_differ`): :data:`SOURCE_INSIDE`
+    sandboxed, ``<workspace>/src`` unsandboxed."""
+    if config.build_sandbox.strip().lower() == "off":
+        return Path(config.workspace).resolve() / "src"
+    return SOURCE_INSIDE
 
 
 def python_prefix(python: Path) -> Path | None:
@@ -321,22 +355,24 @@ class Sandbox:
             for _ in range(_MAX_LINKS):
                 if not path.is_symlink() or _is_system(path):
                     break
-                links += ["--symlink", os.readlink(path), str(path)]
+                links += ["--symlink", os.readlink(path), str(layout.inside(path))]
                 path = path.parent / os.readlink(path)
             if not _is_system(path):
                 binds.append((Path(os.path.normpath(path)), "--ro-bind"))
         binds += [(path, "--bind") for path in layout.all_writable]
+        mounts = [(path, layout.inside(path), how) for path, how in binds]
+        _check_moved(layout, [(path, there) for path, there, _ in mounts])
         # bubblewrap gives the directories it creates above a mount the modes of their
         # counterparts outside, and a 0700 /root or pytest's 0700 base directory would hide the
         # mount from the build user: create them first, root's and traversable.
-        for parent in _parents_to_create([path for path, _ in binds]):
+        for parent in _parents_to_create([there for _, there, _ in mounts]):
             out += ["--perms", "0755", "--dir", str(parent)]
-        for path, how in sorted(binds, key=lambda bind: len(bind[0].parts)):
-            out += [how, str(path), str(path)]
+        for path, there, how in sorted(mounts, key=lambda mount: len(mount[1].parts)):
+            out += [how, str(path), str(there)]
         out += links
         # In a user namespace the sandbox's own root belongs to the build user: keep it from
         # becoming an unsized RAM disk (/tmp and /dev/shm are separate, capped mounts).
-        out += ["--remount-ro", "/", "--chdir", str(cwd)]
+        out += ["--remount-ro", "/", "--chdir", str(layout.inside(cwd))]
         if self.as_root:
             setpriv = shutil.which(self.setpriv)
             if setpriv is None:
@@ -363,6 +399,20 @@ class Sandbox:
             out = ["/bin/sh", "-c", 'exec 9<"$1" || exit 1; shift; exec "$0" "$@"', out[0],
                    str(filter_file), "--seccomp", "9", *out[1:]]
         return [*out, *argv]
+
+
+def _check_moved(layout: Layout, mounts: Sequence[tuple[Path, Path]]) -> None:
+    """Refuse a layout where a path from elsewhere would be mounted below a moved place (its
+    mount point would be made in the build's own tree), or a moved place that is a system
+    directory, the root or ``/tmp``."""
+    for outside, there in layout.moved:
+        if _is_system(there) or there in (Path("/"), Path("/tmp")):  # noqa: S108
+            raise SandboxUnavailable(f"{there} can't take the build's {outside}")
+        for path, at in mounts:
+            if at.is_relative_to(there) and not path.is_relative_to(outside):
+                raise SandboxUnavailable(
+                    f"{path} would be mounted inside {there}, where the build sees its "
+                    f"{outside} (is WHEELHOUSE_WORKSPACE below {there}?)")
 
 
 def _is_system(path: Path) -> bool:

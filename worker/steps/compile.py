@@ -77,7 +77,10 @@ def _compile(ctx: BuildContext, run: Runner, src: Path, venv: BuildVenv, toolkit
         ctx.say(jobs.reason)
         ctx.journal.measured(max_jobs=jobs)
         dist = ctx.workspace / "dist"
-        argv, env, cache = prepare_attempt(ctx, src, venv, toolkit, jobs, cache, dist)
+        # The compile sees its source at one path on every host (SOURCE_INSIDE, sandboxed):
+        # nvcc's cache keys hold it.
+        argv, env, cache = prepare_attempt(ctx, run.seen(src), venv, toolkit, jobs, cache,
+                                           dist)
         began = ctx.log.size()  # this attempt's output is classified, never an earlier one's
         reserve = jobs.reserve_bytes or reserve_bytes(int(psutil.virtual_memory().total))
         # The compile writes the source tree, dist/ and, with the compile cache, the
@@ -119,7 +122,8 @@ def prepare_attempt(ctx: BuildContext, src: Path, venv: BuildVenv, toolkit: Tool
     """Everything the worker writes before a compile attempt (an out-of-memory retry's too):
     the probe wrapper and TMPDIR (:func:`worker.buildenv.compile_env`), an empty ``dist``, the
     compile cache's launchers. An earlier attempt's build could write some of these places.
-    Return the compile's argv and environment, and the cache (None once it can't be used)."""
+    ``src`` is the source where the compile sees it (:meth:`Runner.seen`). Return the
+    compile's argv and environment, and the cache (None once it can't be used)."""
     env = compile_env(ctx.workspace, venv.python, toolkit, jobs, ctx.recipe, ctx.spec.variant)
     safefs.discard_tree(dist)  # an earlier attempt's, by descriptor
     argv = [str(venv.python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
@@ -207,7 +211,7 @@ def open_cache(ctx: BuildContext, run: Runner, toolkit: ToolkitInfo) -> SharedCa
     shutil.copy2(sccache, inside)
     cache = compilecache.CompileCache(
         inside, backend, space, ctx.workspace / "sccache",
-        basedirs=[ctx.workspace, ctx.source_root], tools_dir=tools,
+        basedirs=[ctx.workspace, run.seen(ctx.source_root)], tools_dir=tools,
         log_level=ctx.config.compile_cache_log_level)
     sandbox = run.sandbox
     owner = (sandbox.uid, sandbox.gid) if sandbox is not None and sandbox.as_root else None

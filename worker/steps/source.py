@@ -98,8 +98,10 @@ def _lock(ctx: BuildContext, run: Runner) -> int:
     """Take this host's lock on the project version's source path; return its descriptor.
 
     nvcc hands the source path to cicc, which the compile cache hashes verbatim, so every
-    build of one project version unpacks to the same path: a second Python then hits for
-    every kernel. Two such builds on one host take turns (the second one's kernels hit).
+    build of one project version unpacks to the same path (a sandboxed build sees it at
+    :data:`~worker.sandbox.wrapper.SOURCE_INSIDE`, an unsandboxed one here): a second Python
+    then hits for every kernel. Two such builds on one host take turns (the second one's
+    kernels hit).
     """
     root = ctx.source_root
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +145,7 @@ def _unpack(ctx: BuildContext, run: Runner, sdist: Path, limits: SdistLimits) ->
             _copy_in(sdist, inputs, limits)
         sdist = inputs / sdist.name
     report = run.untrusted(
-        {"op": "unpack", "sdist": str(sdist), "dest": str(root),
+        {"op": "unpack", "sdist": str(sdist), "dest": str(run.seen(root)),
          "limits": limits.to_dict(), "patches": [patch_to_dict(p) for p in patches]},
         what="unpacking the sdist", failure=FailureKind.UNSAFE_ARCHIVE,
         read_only=[inputs], writable=[root])

@@ -38,9 +38,11 @@ from worker.failures import classify_install, classify_unreachable
 from worker.sandbox import safefs
 from worker.sandbox.limits import DiskQuota, TreeLimits
 from worker.sandbox.wrapper import (
+    SOURCE_INSIDE,
     Layout,
     Sandbox,
     python_prefix,
+    seen_at,
     startup_check,
     writable_place,
 )
@@ -173,7 +175,8 @@ class Runner:
         shared_paths = tuple(shared)
         layout = Layout.in_workspace(self.ctx.workspace,
                                      read_only=[p for p in read_only if p is not None],
-                                     writable=[*writable, *shared_paths], devices=devices)
+                                     writable=[*writable, *shared_paths], devices=devices,
+                                     moved=self._moved())
         for path in layout.all_writable:  # only places the worker knows how to read back
             writable_place(path, build=self.ctx.workspace, source=self.ctx.source_root,
                            cache=Path(self.ctx.config.workspace).resolve() / "sccache")
@@ -196,6 +199,16 @@ class Runner:
                                uids=uids, quota=quota, governor_reserve=governor_reserve,
                                limits=TreeLimits.from_config(self.ctx.config),
                                periodic=periodic)
+
+    def _moved(self) -> tuple[tuple[Path, Path], ...]:
+        """The places a sandboxed program sees elsewhere: the source path at
+        :data:`~worker.sandbox.wrapper.SOURCE_INSIDE` (none unsandboxed)."""
+        return () if self.sandbox is None else ((self.ctx.source_root, SOURCE_INSIDE),)
+
+    def seen(self, path: Path) -> Path:
+        """Where a program :meth:`sandboxed` runs sees ``path`` (the build's source path is
+        :data:`~worker.sandbox.wrapper.SOURCE_INSIDE` there): for its argv and environment."""
+        return seen_at(path, self._moved())
 
     def untrusted(self, request: Mapping[str, Any], *, what: str, failure: FailureKind,
                   read_only: Iterable[Path] = (), writable: Iterable[Path] = ()

@@ -36,7 +36,13 @@ from worker.errors import SandboxUnavailable
 from worker.sandbox.limits import GIB, MAX_DEPTH, DiskQuota, TreeLimits
 from worker.sandbox.takeout import take_wheel
 from worker.sandbox.untrusted import unpack
-from worker.sandbox.wrapper import Layout, Sandbox, python_prefix, startup_check
+from worker.sandbox.wrapper import (
+    SOURCE_INSIDE,
+    Layout,
+    Sandbox,
+    python_prefix,
+    startup_check,
+)
 from worker.steps.prove import gpu_devices
 from worker.supervision.governor import MemoryGovernor
 from worker.supervision.reaper import BUILD_ID_ENV, BuildProcess
@@ -469,6 +475,40 @@ def test_a_read_only_link_is_mounted_with_its_target(
     build = workspace.start(sandbox, ["/bin/cat", str(link / "bin" / "nvcc")])
     assert build.wait(deadline=time.monotonic() + 60).returncode == 0
     assert workspace.log.read_text().endswith("fake")
+
+
+def test_the_source_is_seen_at_one_path_whatever_the_workspace(
+    tmp_path: Path, workspace: Workspace, sandbox: Sandbox,
+) -> None:
+    """The build's source path is mounted at SOURCE_INSIDE (nvcc's cache keys hold the path a
+    compiler sees): the program runs there, reads and writes the tree outside through it, and
+    its outside path is not in the sandbox at all."""
+    workspace.src.mkdir()
+    (workspace.src / "kernel.cu").write_text("__global__ void k() {}\n")
+    layout = workspace.layout
+    workspace.layout = replace(layout, moved=((workspace.src, SOURCE_INSIDE),))
+    assert workspace.layout.inside(workspace.src / "kernel.cu") == SOURCE_INSIDE / "kernel.cu"
+    assert workspace.layout.inside(workspace.dist) == workspace.dist
+    script = ("import os, sys; print(os.getcwd()); print(open('kernel.cu').read().strip()); "
+              "open('built.o', 'w').write('object'); print(os.path.exists(sys.argv[1]))")
+    build = workspace.start(sandbox, [str(workspace.python), "-c", script, str(workspace.src)],
+                            cwd=workspace.src)
+    assert build.wait(deadline=time.monotonic() + 60).returncode == 0, workspace.log.read_text()
+    lines = workspace.log.read_text().splitlines()[-3:]
+    assert lines == [str(SOURCE_INSIDE), "__global__ void k() {}", "False"], lines
+    assert (workspace.src / "built.o").read_text() == "object"
+
+
+def test_a_workspace_below_the_source_s_inside_path_is_refused(
+    tmp_path: Path, sandbox: Sandbox,
+) -> None:
+    """Another mount below SOURCE_INSIDE would get its mount point made in the build's own
+    tree: the sandbox refuses such a layout (a WHEELHOUSE_WORKSPACE below /wheelhouse/src)."""
+    root = SOURCE_INSIDE / "work" / "build-1"
+    layout = Layout.in_workspace(root, writable=[tmp_path / "src"],
+                                 moved=((tmp_path / "src", SOURCE_INSIDE),))
+    with pytest.raises(SandboxUnavailable, match="would be mounted inside /wheelhouse/src"):
+        sandbox.wrap(["true"], layout=layout, cwd=tmp_path / "src")
 
 
 def test_walks_stop_at_the_depth_limit(workspace: Workspace, sandbox: Sandbox) -> None:
