@@ -119,7 +119,7 @@ def _kill_and_restart(config: Config, conn: redis.Redis, log: Path, sdist: Path)
             return bool(names & {"nvcc", "cicc", "cudafe++", "ptxas", "cc1plus"})
 
         _wait_for("no compiler started", compiling, 900, log)
-        # Killed once the compile pushed some of its cache entries (every 30 s), and before it
+        # Killed once the compile pushed some of its cache entries (every 10 s), and before it
         # ended (the build is still running when the kill lands: asserted below). Six of the
         # ten entries its whole compile stores: bindings.cpp's is one, so nvcc's steps are in.
         storage = open_storage(config)
