@@ -214,7 +214,9 @@ def build(args: argparse.Namespace, work: Path, *, storage: str | None = None,
                        "max_jobs": build.max_jobs.reason if build.max_jobs else None,
                        "compile_cache": build.compile_cache.to_dict()
                        if build.compile_cache else None,
-                       "patches": [p.ref for p in build.patches or ()]},
+                       "patches": [p.ref for p in build.patches or ()],
+                       # Each step's seconds up to publishing (the record is written then).
+                       "step_seconds": build.step_seconds},
         })
     result["ok"] = ok
     if s3_endpoint:

@@ -115,6 +115,7 @@ def build_view(conn: Redis, status: BuildStatus, base_url: str,
                        "hit_rate": round(facts.compile_cache.hit_rate, 3),
                        "fetched": facts.compile_cache.fetched}
         if facts.compile_cache is not None else None,
+        steps=facts.steps_summary(),
         toolkit=facts.toolkit,
         # What it was built from, and where the signed statement of it is (PEP 740).
         source={"url": facts.sdist_url or facts.sdist, "sha256": facts.sdist_sha256}

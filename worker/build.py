@@ -124,6 +124,7 @@ def _build(ctx: BuildContext, *, started: float, timeout: float, source: Path | 
             wheel = compile_wheel(ctx, run, src.path, venv, toolkit, jobs)
             checked = check_wheel(ctx, run, wheel, venv, src.patches)
             record = publish_wheel(ctx, checked, seconds=time.monotonic() - started)
+    ctx.journal.end_step()
     ctx.journal.measured(seconds=round(time.monotonic() - started, 1))
     store_log(ctx)
     return BuildResult(ctx.spec, record, max_jobs=jobs, log_key=log_key(ctx.spec),
@@ -134,6 +135,7 @@ def _failed(ctx: BuildContext, exc: BuildFailed, started: float) -> BuildFailed:
     """Say why in the log, store it, and give the failure what the build measured."""
     ctx.say(f"FAILED [{exc.kind.value}]: {exc.reason}")
     store_log(ctx)
+    ctx.journal.end_step()
     ctx.journal.measured(seconds=round(time.monotonic() - started, 1))
     exc.facts = ctx.journal.facts
     return exc

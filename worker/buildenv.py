@@ -61,17 +61,21 @@ def install_env() -> dict[str, str]:
 
 
 def compile_env(workspace: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJobs,
-                recipe: Recipe, variant: Variant) -> dict[str, str]:
+                recipe: Recipe, variant: Variant, *, seen_python: Path | None = None,
+                ) -> dict[str, str]:
     """The compile's environment: the build venv and toolkit first on ``PATH`` behind the
     probe wrapper, MAX_JOBS, a private TMPDIR, no compiler wrapper of torch's choosing, the CUDA
     library headers of torch's wheels as system include directories, and the
     recipe's ``[env]`` for ``variant``. The compile cache's launchers are added by its wrapper
-    while its server runs (``worker.compilecache``)."""
-    venv_bin = python.parent
+    while its server runs (``worker.compilecache``). ``seen_python`` is the venv's ``python``
+    where the compile sees it (the sandbox shows the venv elsewhere): the paths into the venv
+    name that place."""
+    seen_root = (seen_python or python).parent.parent
+    venv_bin = seen_root / "bin"
     probe_bin = workspace / "probe-bin"
     probe_bin.mkdir(exist_ok=True)
     real_ninja = venv_bin / "ninja"
-    if not real_ninja.exists():
+    if not (python.parent / "ninja").exists():
         found = shutil.which("ninja")
         if found is None:
             raise BuildFailed(FailureKind.INCOMPATIBLE,
@@ -98,15 +102,17 @@ def compile_env(workspace: Path, python: Path, toolkit: ToolkitInfo, jobs: MaxJo
         # compile on its own; the compile cache is the worker's choice (worker.compilecache).
         "TORCH_NO_COMPILER_WRAPPER": "1",
     })
-    env.update(library_header_env(venv_bin.parent))
+    env.update(library_header_env(python.parent.parent, seen=seen_root))
     env.update(recipe.environment(variant, max_jobs=jobs.jobs))
     return env
 
 
-def library_header_env(venv: Path) -> dict[str, str]:
+def library_header_env(venv: Path, *, seen: Path | None = None) -> dict[str, str]:
     """:func:`library_headers` as system include directories: after ``-I`` (so a toolkit's own
-    headers win), for the host compiler and nvcc alike; nothing where torch's wheels have none."""
-    headers = os.pathsep.join(str(h) for h in library_headers(venv))
+    headers win), for the host compiler and nvcc alike; nothing where torch's wheels have none.
+    ``seen`` is where the compile sees ``venv``."""
+    headers = os.pathsep.join(str((seen or venv) / h.relative_to(venv))
+                              for h in library_headers(venv))
     return {var: headers for var in ("CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH")} if headers else {}
 
 

@@ -11,6 +11,8 @@ watcher saw last are the facts recorded.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,9 +64,12 @@ class Reporter:
 class Journal:
     """The build's end of the stream: facts folded from its measurements, events handed on."""
 
-    def __init__(self, reporter: Reporter, facts: BuildFacts) -> None:
+    def __init__(self, reporter: Reporter, facts: BuildFacts,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.reporter = reporter
         self._facts = facts
+        self._clock = clock
+        self._step: tuple[str, float] | None = None
 
     @property
     def facts(self) -> BuildFacts:
@@ -72,7 +77,21 @@ class Journal:
         return replace(self._facts)
 
     def phase(self, name: str) -> None:
+        """A step began; the one before it ended (its seconds go into ``step_seconds``)."""
+        self.end_step()
+        self._step = (name, self._clock())
         self.reporter.report(PhaseBegan(name))
+
+    def end_step(self) -> None:
+        """The running step ended (the build did, or failed in it): count its seconds, added to
+        an earlier run of the same step (a proof's two ``prove`` parts)."""
+        if self._step is None:
+            return
+        name, began = self._step
+        self._step = None
+        steps = dict(self._facts.step_seconds or {})
+        steps[name] = round(steps.get(name, 0.0) + self._clock() - began, 1)
+        self.measured(step_seconds=steps)
 
     def measured(self, **changes: Any) -> None:
         """Fold new measurements (``BuildFacts`` fields) into the facts and report them."""

@@ -567,7 +567,8 @@ FACTS = BuildFacts(
     patches=(PATCH,), peak_tree_bytes=2 * 1024**3, toolkit="V13.0.88 (wheels)",
     device_code={"flash_attn_2_cuda.cpython-311-x86_64-linux-gnu.so":
                  {"sass": ["90", "80"], "ptx": []}},
-    compile_cache=CompileCacheStats(requests=80, hits=70, misses=2))
+    compile_cache=CompileCacheStats(requests=80, hits=70, misses=2),
+    step_seconds={"toolkit": 0.1, "fetch": 1.5, "venv": 9.0, "compile": 610.0, "check": 12.3})
 
 
 def test_build_page_says_what_was_patched_compiled_and_cached(
@@ -583,7 +584,11 @@ def test_build_page_says_what_was_patched_compiled_and_cached(
     assert 'id="device-code">sm_80, sm_90<' in page
     assert 'id="compile-cache">70 hits, 2 misses (97%)<' in page
     assert 'id="toolkit">V13.0.88 (wheels)<' in page
+    # Where its time went, step by step.
+    steps = "toolkit 0.1 s, fetch 1.5 s, venv 9.0 s, compile 610.0 s, check 12.3 s"
+    assert f'id="steps">{steps}<' in page
     view = fleet_client.get(f"/api/builds/{job_id}").json
+    assert view["steps"] == steps
     assert view["patches"] == [{**PATCH.to_dict(), "ref": "flash-attn/cxx20"}]
     assert view["device_code"] == "sm_80, sm_90"
     assert view["compile_cache"] == {"hits": 70, "misses": 2, "hit_rate": 0.972, "fetched": 0}
@@ -594,6 +599,7 @@ def test_build_page_says_what_was_patched_compiled_and_cached(
     page = fleet_client.get(f"/builds/{unpatched}").text
     assert 'id="patches">none: the sdist as released<' in page
     assert 'id="device-code">no SASS<' in page and 'id="compile-cache">—<' in page
+    assert 'id="steps">—<' in page
 
 
 def test_build_page_of_a_resumed_build_says_so(fleet_client: FlaskClient, conn: Redis) -> None:

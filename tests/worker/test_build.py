@@ -35,7 +35,7 @@ from worker.cli import parse_target
 from worker.events import BuildEvent, LogLines, Measured, PhaseBegan, Reporter
 from worker.failures import classify_log, with_retries
 from worker.sandbox.untrusted import extension_modules, unpack
-from worker.sandbox.wrapper import Sandbox
+from worker.sandbox.wrapper import VENV_INSIDE, Sandbox
 from worker.sdist import download_sdist, find_sdist
 from worker.steps.publish import log_key
 from worker.supervision.reaper import BUILD_ID_ENV, build_id_base
@@ -324,6 +324,13 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
                        toolkits=[toolkit])
 
     assert result.record.filename == CEXT.expected_wheel_name
+    # Each step's wall-clock seconds, in order: the record has them up to publishing (it is
+    # written then), the result to the end. Together they are about the whole build.
+    steps = ["toolkit", "fetch", "venv", "compile", "check"]
+    assert list(result.record.build.step_seconds or {}) == steps
+    assert list(result.build.step_seconds or {}) == [*steps, "publish"]
+    assert 0.9 * result.seconds <= sum((result.build.step_seconds or {}).values()) <= (
+        result.seconds + 0.5)
     # Where the worker stored the log is a key the record owns (gc prunes it with the wheel).
     assert log_key(CEXT) == result.record.log_key == result.record.build.log_key
     sandbox = Sandbox.from_config(config)
@@ -348,6 +355,9 @@ def test_a_whole_build_runs_its_steps_sandboxed_and_caps_its_log(
         assert result.build.sandbox == dataclasses.replace(
             sandbox, uid=claimed, gid=claimed).describe()
         assert all(line.split()[2] == "[sandbox]" for line in python_steps)
+        # The venv is seen at one path in every build (VENV_INSIDE): torch's headers are
+        # included from there, and nvcc's cached front end output holds their paths.
+        assert {line.split()[3] for line in python_steps} == {f"{VENV_INSIDE}/bin/python"}
         uid = claimed if os.geteuid() == 0 else os.getuid()
         assert f"cext: building as uid {uid} with HOME={tmp_path / 'work'}/" in head
     # Every parse of the sdist and the wheel ran in the sandbox (worker.sandbox.untrusted): the
@@ -590,6 +600,8 @@ def test_what_a_build_reports_is_one_stream_and_its_last_facts_are_the_recorded_
     measured = [e.facts for e in recorder.events if isinstance(e, Measured)]
     assert measured[0].sandbox is not None  # how it is sandboxed, before anything runs
     assert measured[-1] == err.value.facts and measured[-1].seconds is not None
+    # The step it failed in counts too: where the build's time went, up to its failure.
+    assert list(measured[-1].step_seconds or {}) == ["toolkit"]
     assert build_id_base(measured[-1].build_id) == "build-events-test"
     lines = [line for e in recorder.events if isinstance(e, LogLines) for line in e.lines]
     assert lines[-1].startswith("wheelhouse: FAILED [incompatible]: no CUDA 13.x toolkit")

@@ -14,6 +14,7 @@ from wheelhouse.errors import BuildFailed, FailureKind
 from wheelhouse.recipes.book import load_recipe
 from wheelhouse.variants import Variant
 from worker.buildenv import compile_env, install_env, sanitized_env
+from worker.sandbox.wrapper import VENV_INSIDE
 
 WORKER_ENV = {
     "PATH": "/usr/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_ALL": "C",
@@ -111,3 +112,24 @@ def test_compile_env_without_ninja_is_incompatible(tmp_path: Path,
         compile_env(workspace, python, TOOLKIT, JOBS, load_recipe("flash-attn"),
                     Variant.of("2.14", "13.0"))
     assert err.value.kind is FailureKind.INCOMPATIBLE
+
+
+def test_compile_env_names_the_venv_where_the_compile_sees_it(tmp_path: Path) -> None:
+    """A sandboxed compile sees the venv at VENV_INSIDE: PATH, VIRTUAL_ENV, the library headers
+    and the probe's real ninja name that place; what exists is still looked up outside."""
+    python = _venv_with_ninja(tmp_path)
+    venv = python.parent.parent
+    (venv / "lib" / "python3.11" / "site-packages" / "nvidia" / "cu13" / "include").mkdir(
+        parents=True)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    inside = VENV_INSIDE / "bin" / "python"
+    env = compile_env(workspace, python, TOOLKIT, JOBS, load_recipe("generic"),
+                      Variant.of("2.14", "13.0", ["sm80"]), seen_python=inside)
+    assert env["PATH"].split(os.pathsep)[1] == str(VENV_INSIDE / "bin")
+    assert env["VIRTUAL_ENV"] == str(VENV_INSIDE)
+    assert env["CPLUS_INCLUDE_PATH"] == str(
+        VENV_INSIDE / "lib" / "python3.11" / "site-packages" / "nvidia" / "cu13" / "include")
+    assert f'real="{VENV_INSIDE / "bin" / "ninja"}"' in (workspace / "probe-bin" / "ninja"
+                                                        ).read_text()
+    assert str(tmp_path) not in env["PATH"].split(os.pathsep)[1] + env["CPLUS_INCLUDE_PATH"]

@@ -53,6 +53,7 @@
     if (b.max_jobs_charge) { text("max-jobs-charge", b.max_jobs_charge); }
     text("peak-memory", bytes(b.peak_memory_bytes));
     text("sandbox", b.sandbox || "\u2014");
+    text("steps", b.steps || "\u2014");
     document.getElementById("sandbox").className = b.sandbox && b.sandbox.indexOf("off") === 0 ? "unsafe" : "";
     if (FINAL[b.state]) {
       finished = true;

@@ -193,6 +193,9 @@ class BuildFacts:
     """GPU code per shared library of the wheel: ``{"pkg/_C…so": {"sass": ["80"], "ptx": []}}``."""
     compile_cache: CompileCacheStats | None = None
     """Hits and misses of the compile cache, when one was used."""
+    step_seconds: dict[str, float] | None = None
+    """Wall-clock seconds of each step that has ended, in the order they ran (``toolkit``,
+    ``fetch``, ``venv``, ``compile``, ``check``, ``publish``): where a build's time went."""
 
     @property
     def sass_archs(self) -> list[str]:
@@ -204,6 +207,12 @@ class BuildFacts:
     def ptx_archs(self) -> list[str]:
         found = {a for code in (self.device_code or {}).values() for a in code.get("ptx", [])}
         return sorted(found, key=_arch_key)
+
+    def steps_summary(self) -> str | None:
+        """``venv 12.3 s, compile 101.0 s, check 9.2 s``; None before a step has ended."""
+        if not self.step_seconds:
+            return None
+        return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.step_seconds.items())
 
     def device_code_summary(self) -> str | None:
         """``sm_80, sm_90 (+PTX compute_90)``; None when the wheel was not read."""
@@ -224,6 +233,8 @@ class BuildFacts:
                 value = value.to_dict()
             elif f.name == "patches":
                 value = [p.to_dict() for p in value]
+            elif f.name == "step_seconds":  # pairs: records are written with sorted keys
+                value = [[name, seconds] for name, seconds in value.items()]
             out[f.name] = value
         return out
 
@@ -256,6 +267,7 @@ class BuildFacts:
             device_code=_device_code(data.get("device_code")),
             compile_cache=CompileCacheStats.from_dict(cache) if isinstance(cache, Mapping)
             else None,
+            step_seconds=_seconds(data.get("step_seconds")),
         )
 
 
@@ -272,6 +284,16 @@ def _float(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _seconds(value: object) -> dict[str, float] | None:
+    """``[[step, seconds], ...]`` in the order the steps ran; what is not such a pair is dropped."""
+    if not isinstance(value, list):
+        return None
+    found = {name: seconds for pair in value
+             if isinstance(pair, list) and len(pair) == 2
+             and isinstance(name := pair[0], str) and (seconds := _float(pair[1])) is not None}
+    return found or None
 
 
 def _max_jobs(value: object) -> MaxJobs | None:

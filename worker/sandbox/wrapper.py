@@ -74,6 +74,13 @@ outside), on every host, whatever its ``WHEELHOUSE_WORKSPACE``: sccache 0.16.0 h
 absolute source path nvcc hands cicc, so nvcc's cache entries hit between hosts only where this
 path is the same (docs/compiling.md)."""
 
+VENV_INSIDE = Path("/wheelhouse/venv")
+"""Where every sandboxed build sees its venv (``<build workspace>/venv`` outside, a new directory
+for every build): torch's headers are included from there, and nvcc's front end writes their
+absolute paths into the host code it generates, which sccache 0.16.0 caches and hashes as it
+is. A cached copy from a build whose venv lay elsewhere never hit the host compile's entry
+(docs/compiling.md)."""
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -96,7 +103,8 @@ class Layout:
     character devices only, never links."""
     moved: tuple[tuple[Path, Path], ...] = ()
     """(outside, inside) pairs: a read-only or writable path at or below ``outside`` is mounted
-    at the same place below ``inside`` (the build's source at :data:`SOURCE_INSIDE`)."""
+    at the same place below ``inside`` (the build's source at :data:`SOURCE_INSIDE`, its venv
+    at :data:`VENV_INSIDE`)."""
 
     @classmethod
     def in_workspace(cls, workspace: Path, *, read_only: Iterable[Path] = (),

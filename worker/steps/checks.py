@@ -234,7 +234,7 @@ def _load_check(ctx: BuildContext, run: Runner, steps: list[loadcheck.Step], ven
     # driver is needed only when a kernel runs.
     check_dir = ctx.workspace / "load-check"
     start = ctx.log.size()
-    ran = run.sandboxed(loadcheck.argv(venv.python, steps, site=site),
+    ran = run.sandboxed(loadcheck.argv(venv.seen, steps, site=site),
                         env=sanitized_env(os.environ), cwd=check_dir, what="the load check",
                         read_only=venv.read_only, writable=[check_dir])
     report = loadcheck.parse(ctx.log.since(start), steps,

@@ -124,13 +124,14 @@ def prepare_attempt(ctx: BuildContext, src: Path, venv: BuildVenv, toolkit: Tool
     compile cache's launchers. An earlier attempt's build could write some of these places.
     ``src`` is the source where the compile sees it (:meth:`Runner.seen`). Return the
     compile's argv and environment, and the cache (None once it can't be used)."""
-    env = compile_env(ctx.workspace, venv.python, toolkit, jobs, ctx.recipe, ctx.spec.variant)
+    env = compile_env(ctx.workspace, venv.python, toolkit, jobs, ctx.recipe, ctx.spec.variant,
+                      seen_python=venv.seen)
     safefs.discard_tree(dist)  # an earlier attempt's, by descriptor
-    argv = [str(venv.python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
+    argv = [str(venv.seen), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
             "--no-index", "-v", "-w", str(dist), str(src)]
     if cache is not None:
         try:
-            argv = cache.cache.wrap(venv.python, argv, nvcc=cache.nvcc, path=env["PATH"])
+            argv = cache.cache.wrap(venv.seen, argv, nvcc=cache.nvcc, path=env["PATH"])
         except FileNotFoundError as exc:  # no host compiler to put it in front of
             ctx.say(f"compile cache off: {exc}")
             cache = None

@@ -168,7 +168,7 @@ def _prove(ctx: BuildContext, run: Runner, record: Record) -> gpuproof.Proof:
     ctx.say(f"GPU device nodes for the sandbox: {' '.join(map(str, devices)) or 'none'}")
     env = sanitized_env(os.environ)
     start = ctx.log.size()
-    ran = run.sandboxed(loadcheck.argv(venv.python, steps, site=site), env=env, cwd=check_dir,
+    ran = run.sandboxed(loadcheck.argv(venv.seen, steps, site=site), env=env, cwd=check_dir,
                         what="the load check", read_only=venv.read_only, writable=[check_dir])
     failed = gpuproof.load_failure(
         ctx.recipe, loadcheck.parse(ctx.log.since(start), steps,
@@ -177,7 +177,7 @@ def _prove(ctx: BuildContext, run: Runner, record: Record) -> gpuproof.Proof:
     if failed is not None:
         return failed
     start = ctx.log.size()
-    ran = run.sandboxed(gpuproof.argv(venv.python, archs, ctx.recipe.gpu_proof, site=site),
+    ran = run.sandboxed(gpuproof.argv(venv.seen, archs, ctx.recipe.gpu_proof, site=site),
                         env=env, cwd=check_dir, what="the GPU proof", read_only=venv.read_only,
                         writable=[check_dir], devices=devices)
     return gpuproof.result(ctx.recipe.gpu_proof, ran.returncode, ctx.log.since(start))

@@ -34,6 +34,9 @@ class BuildVenv:
     it (``--prefix``), never with the venv's own Python, whose ``.pth`` files the sdist chose."""
     prefix: Path | None
     """The installation ``interpreter`` belongs to, mounted read-only into the sandbox."""
+    seen: Path
+    """``python`` where sandboxed programs see it (``/wheelhouse/venv/bin/python``,
+    :meth:`Runner.seen`): what they are started as, and what their paths derive from."""
 
     @property
     def root(self) -> Path:
@@ -60,11 +63,13 @@ def create_venv(ctx: BuildContext, run: Runner, src: Path | None) -> BuildVenv:
     uv = uv_binary()
     root = ctx.workspace / "venv"
     env = install_env()
-    run.install([uv, "venv", "--seed", "--clear", "--python", spec.python, str(root)],
-                env=env, what="creating the venv")
+    # Relocatable: its scripts (ninja's, pip's) start the Python beside them, wherever the
+    # sandbox shows the venv (Runner.seen), rather than the path written here.
+    run.install([uv, "venv", "--seed", "--clear", "--relocatable", "--python", spec.python,
+                 str(root)], env=env, what="creating the venv")
     python = root / "bin" / "python"
     venv = BuildVenv(python=python, interpreter=Path(os.path.realpath(python)),
-                     prefix=python_prefix(python))
+                     prefix=python_prefix(python), seen=run.seen(python))
     argv = [uv, "pip", "install", "--python", str(python), "--no-build",
             *index_args(config, spec.variant)]
     requires = [f"torch=={spec.torch}.*", *ctx.recipe.build_requires,
@@ -98,7 +103,7 @@ def _check_torch(ctx: BuildContext, run: Runner, venv: BuildVenv) -> None:
     code = (f"import json, torch; print({_TORCH_INFO!r} + json.dumps({{"
             "'version': torch.__version__, 'cuda': torch.version.cuda, "
             "'abi': bool(torch.compiled_with_cxx11_abi())}), flush=True)")
-    ran = run.sandboxed([str(venv.python), "-c", code], env=sanitized_env(os.environ),
+    ran = run.sandboxed([str(venv.seen), "-c", code], env=sanitized_env(os.environ),
                         cwd=ctx.workspace / "home", what="checking torch",
                         read_only=venv.read_only)
     tail = [line for line in ctx.log.tail(100_000).splitlines() if line.strip()]

@@ -39,6 +39,7 @@ from worker.sandbox import safefs
 from worker.sandbox.limits import DiskQuota, TreeLimits
 from worker.sandbox.wrapper import (
     SOURCE_INSIDE,
+    VENV_INSIDE,
     Layout,
     Sandbox,
     python_prefix,
@@ -202,12 +203,16 @@ class Runner:
 
     def _moved(self) -> tuple[tuple[Path, Path], ...]:
         """The places a sandboxed program sees elsewhere: the source path at
-        :data:`~worker.sandbox.wrapper.SOURCE_INSIDE` (none unsandboxed)."""
-        return () if self.sandbox is None else ((self.ctx.source_root, SOURCE_INSIDE),)
+        :data:`~worker.sandbox.wrapper.SOURCE_INSIDE` and the build venv at
+        :data:`~worker.sandbox.wrapper.VENV_INSIDE` (none unsandboxed)."""
+        if self.sandbox is None:
+            return ()
+        return ((self.ctx.source_root, SOURCE_INSIDE), (self.ctx.workspace / "venv", VENV_INSIDE))
 
     def seen(self, path: Path) -> Path:
         """Where a program :meth:`sandboxed` runs sees ``path`` (the build's source path is
-        :data:`~worker.sandbox.wrapper.SOURCE_INSIDE` there): for its argv and environment."""
+        :data:`~worker.sandbox.wrapper.SOURCE_INSIDE` there, its venv
+        :data:`~worker.sandbox.wrapper.VENV_INSIDE`): for its argv and environment."""
         return seen_at(path, self._moved())
 
     def untrusted(self, request: Mapping[str, Any], *, what: str, failure: FailureKind,

@@ -28,6 +28,7 @@ FULL = BuildFacts(
     compile_cache=CompileCacheStats(requests=300, hits=280, misses=4, not_cacheable=16,
                                     hits_by_language={"CUDA": 280},
                                     misses_by_language={"C++": 4}, location="Local disk"),
+    step_seconds={"toolkit": 0.1, "fetch": 2.5, "venv": 8.0, "compile": 780.2, "check": 20.0},
 )
 
 #: What the worker wrote into records before BuildFacts existed (a dict it built step by step).
@@ -115,3 +116,19 @@ def test_the_record_says_what_each_job_was_charged_for() -> None:
                                                   "effective_threads": True}})
     assert mistyped.max_jobs is not None and mistyped.max_jobs.targets is None
     assert mistyped.max_jobs.effective_threads is None
+
+
+def test_each_steps_seconds_read_back_in_order_and_summarize() -> None:
+    # Pairs, not an object: records are written with sorted keys, which would lose the order.
+    data = json.loads(json.dumps(FULL.to_dict(), sort_keys=True))
+    assert [name for name, _ in data["step_seconds"]] == [
+        "toolkit", "fetch", "venv", "compile", "check"]
+    assert BuildFacts.from_dict(data).steps_summary() == (
+        "toolkit 0.1 s, fetch 2.5 s, venv 8.0 s, compile 780.2 s, check 20.0 s")
+    assert BuildFacts().steps_summary() is None
+    # What is not a number of seconds is dropped; nothing at all is not known.
+    assert BuildFacts.from_dict({"step_seconds": [["venv", "8 s"], ["compile", 3],
+                                                   ["check", True], [4, 1.0], ["x"], "y"]}
+                                ).step_seconds == {"compile": 3.0}
+    assert BuildFacts.from_dict({"step_seconds": [["venv", None]]}).step_seconds is None
+    assert BuildFacts.from_dict({"step_seconds": {"venv": 1.0}}).step_seconds is None
