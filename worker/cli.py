@@ -190,8 +190,8 @@ def _build(config: Config, target: str, torch_version: str, cuda: str,
     else:
         click.echo(f"published {result.record.filename} to {result.record.variant} "
                    f"in {result.seconds:.0f} s")
-        if result.build.steps_summary():
-            click.echo(f"steps: {result.build.steps_summary()}", err=True)
+        if steps := result.build.steps_summary():
+            click.echo(f"steps: {steps}", err=True)
 
 
 @click.command("workers")

@@ -84,7 +84,7 @@ class Journal:
 
     def end_step(self) -> None:
         """The running step ended (the build did, or failed in it): count its seconds, added to
-        an earlier run of the same step (a proof's two ``prove`` parts)."""
+        an earlier run of the same step (a proof's first ``prove`` part, before its venv)."""
         if self._step is None:
             return
         name, began = self._step

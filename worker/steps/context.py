@@ -63,6 +63,11 @@ class BuildContext:
                    workspace=workspace, source_root=work / "src" / f"{spec.project}-{spec.version}",
                    log=log, journal=journal, retry=retry, keep_workspace=keep_workspace)
 
+    @property
+    def venv_root(self) -> Path:
+        """Where the build venv is made (:mod:`worker.steps.venv`), in the build's workspace."""
+        return self.workspace / "venv"
+
     def say(self, line: str) -> None:
         """A note of the worker's own into the build log."""
         self.log.write(line)

@@ -61,7 +61,7 @@ def create_venv(ctx: BuildContext, run: Runner, src: Path | None) -> BuildVenv:
     ctx.journal.phase("venv")
     spec, config = ctx.spec, ctx.config
     uv = uv_binary()
-    root = ctx.workspace / "venv"
+    root = ctx.venv_root
     env = install_env()
     # Relocatable: its scripts (ninja's, pip's) start the Python beside them, wherever the
     # sandbox shows the venv (Runner.seen), rather than the path written here.

@@ -92,6 +92,9 @@ class BuildScope(Protocol):
     def source_root(self) -> Path: ...
 
     @property
+    def venv_root(self) -> Path: ...
+
+    @property
     def log(self) -> BuildLog: ...
 
     @property
@@ -207,7 +210,7 @@ class Runner:
         :data:`~worker.sandbox.wrapper.VENV_INSIDE` (none unsandboxed)."""
         if self.sandbox is None:
             return ()
-        return ((self.ctx.source_root, SOURCE_INSIDE), (self.ctx.workspace / "venv", VENV_INSIDE))
+        return ((self.ctx.source_root, SOURCE_INSIDE), (self.ctx.venv_root, VENV_INSIDE))
 
     def seen(self, path: Path) -> Path:
         """Where a program :meth:`sandboxed` runs sees ``path`` (the build's source path is
