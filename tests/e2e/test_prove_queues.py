@@ -86,6 +86,11 @@ def test_a_published_wheel_is_proven_only_by_a_worker_with_its_gpu(
     assert meta.failure is not None, prover_log[-4000:]
     assert meta.failure.kind is FailureKind.INFRASTRUCTURE, meta.failure
     assert "no GPU ran the proof" in meta.failure.reason
+    # Its steps' seconds: "prove" counts both its parts, the checks' sandboxed runs included
+    # (the first part, copying the wheel from local storage, takes milliseconds).
+    assert meta.build.step_seconds is not None, meta
+    assert list(meta.build.step_seconds) == ["prove", "venv"], meta.build.step_seconds
+    assert meta.build.step_seconds["prove"] >= 1.0, meta.build.step_seconds
     assert read_proof(storage, record) is None
     assert not [o.key for o in storage.list("") if "proof" in o.key]  # nothing half-written
     # The build job is untouched by the proof, and no second build ran.

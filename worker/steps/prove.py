@@ -115,7 +115,10 @@ def _run(ctx: BuildContext, call: ProveCall, timeout: float) -> ProofOutcome:
         return ProofOutcome(_as_run(earlier), recorded=False, already=True)
     started = time.monotonic()
     with closing(Runner.start(ctx, deadline=started + timeout, timeout=timeout)) as run:
-        proof = _prove(ctx, run, record)
+        try:
+            proof = _prove(ctx, run, record)
+        finally:
+            ctx.journal.end_step()  # the last prove part counts, however it ended
     ctx.say(proof.line())
     if not proof.proven:
         return ProofOutcome(proof, recorded=False)
